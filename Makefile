@@ -1,0 +1,51 @@
+# Development entry points. The README's Quick start uses `make demo` and `make test`.
+# Environments are local virtual environments built from pinned constraints (requirements/).
+
+PYTHON ?= python3.11
+VENV ?= .venv
+VENV_LATEST ?= .venv-latest
+PIP_FLAGS ?= --disable-pip-version-check --no-input --progress-bar off
+HOROVOD_ENV = HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+              HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-latest env env-latest protos check-protos clean-env
+
+# Primary environment (TF 2.15.1), without Horovod: enough for the demo and the core.
+$(VENV)/.core: setup.py requirements/primary.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_FLAGS) -q -c requirements/primary.txt tensorflow-cpu grpcio-tools -e '.[test,demo]'
+	touch $@
+
+# Horovod compiles against the installed TF (about 6 minutes on 2 cores; pip caches the wheel).
+$(VENV)/.horovod: $(VENV)/.core
+	$(VENV)/bin/pip install $(PIP_FLAGS) -q -c requirements/primary.txt cmake tensorflow-estimator
+	$(HOROVOD_ENV) $(VENV)/bin/pip install $(PIP_FLAGS) -q --no-build-isolation -c requirements/primary.txt horovod
+	touch $@
+
+# Latest environment (newest TF: Keras 3, no estimator, no Horovod): core tests only.
+$(VENV_LATEST)/.core: setup.py requirements/latest.txt
+	$(PYTHON) -m venv $(VENV_LATEST)
+	$(VENV_LATEST)/bin/pip install $(PIP_FLAGS) -q -c requirements/latest.txt tensorflow-cpu -e '.[test,demo]'
+	touch $@
+
+env: $(VENV)/.horovod
+env-latest: $(VENV_LATEST)/.core
+
+demo: $(VENV)/.core
+	$(VENV)/bin/dapple_demo
+
+test: $(VENV)/.horovod
+	$(VENV)/bin/python -m pytest -q tests $(PYTEST_ARGS)
+
+test-latest: $(VENV_LATEST)/.core
+	$(VENV_LATEST)/bin/python -m pytest -q -m "not primary_only" tests $(PYTEST_ARGS)
+
+protos: $(VENV)/.core
+	$(VENV)/bin/python scripts/gen_protos.py
+
+check-protos: $(VENV)/.core
+	$(VENV)/bin/python scripts/gen_protos.py --check
+
+clean-env:
+	rm -rf $(VENV) $(VENV_LATEST)

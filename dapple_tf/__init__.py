@@ -1,0 +1,10 @@
+"""dapple_tf: trains a user's single-device TF graph as a DAPPLE pipelined data-parallel graph.
+
+    with dapple_tf.layer("dense1"): ...          # mark layers while writing the model
+    handle = dapple_tf.build_pipeline(model_fn, features, labels, optimizer, plan)
+"""
+
+from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
+from dapple_tf.layers import LayerRecorder, layer
+
+__all__ = ["DappleError", "LayerMarkerError", "PlanError", "LayerRecorder", "layer"]

@@ -1,0 +1,13 @@
+"""Errors raised while recording layers, reading plans or building the pipelined graph."""
+
+
+class DappleError(ValueError):
+    """Base class: a user input dapple_tf cannot build from; the message says what to change."""
+
+
+class LayerMarkerError(DappleError):
+    """dapple_tf.layer markers are missing, nested, duplicated or out of order."""
+
+
+class PlanError(DappleError):
+    """A plan that does not fit the model, the devices or the batch."""

@@ -1,0 +1,1 @@
+"""Reference models written with plain TF ops and dapple_tf.layer markers."""

@@ -1,0 +1,28 @@
+"""dapple_launch: write cluster job specs (TF_CONFIG, Kubernetes, Slurm) for a dapple_train run.
+
+Example:
+  dapple_launch --plan=plan.json --format=tf_config --workers=host1:2222,host2:2222
+"""
+
+from absl import flags
+
+from scripts.cli import run_main
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("plan", None, "Plan file written by dapple_plan.")
+flags.DEFINE_enum("format", "tf_config", ["tf_config", "kubernetes", "slurm"], "What to write.")
+flags.DEFINE_list("workers", [], "host:port of every worker, in task order.")
+flags.DEFINE_string("output", None, "Where to write the spec (stdout if unset).")
+
+
+def main(argv):
+    del argv
+    raise NotImplementedError("dapple_launch: not implemented yet")
+
+
+def run():
+    run_main(main)
+
+
+if __name__ == "__main__":
+    run()
