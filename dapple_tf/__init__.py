@@ -6,5 +6,16 @@
 
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.layers import LayerRecorder, layer
+from dapple_tf.pipeline import PipelineHandle, build_pipeline
+from dapple_tf.plan import Plan
 
-__all__ = ["DappleError", "LayerMarkerError", "PlanError", "LayerRecorder", "layer"]
+__all__ = [
+    "DappleError",
+    "LayerMarkerError",
+    "PlanError",
+    "LayerRecorder",
+    "layer",
+    "Plan",
+    "PipelineHandle",
+    "build_pipeline",
+]

@@ -27,11 +27,11 @@ class LayerRecord:
 class LayerRecorder:
     """The layers marked in one graph, in order, with the operations each one created.
 
-    `device_for_layer`, if given, maps a layer name to the device its operations (and
+    `device_for_layer`, if given, maps a layer's name and index to the device its operations (and
     variables) are placed on while the layer is built.
     """
 
-    def __init__(self, graph: tf.Graph, device_for_layer: Optional[Callable[[str], Optional[str]]] = None):
+    def __init__(self, graph: tf.Graph, device_for_layer: Optional[Callable[[str, int], Optional[str]]] = None):
         self.graph = graph
         self.device_for_layer = device_for_layer
         self.layers: List[LayerRecord] = []
@@ -55,7 +55,7 @@ class LayerRecorder:
             )
         if name in self.names:
             raise LayerMarkerError(f"layer {name!r} is marked twice; layer names must be unique")
-        device = self.device_for_layer(name) if self.device_for_layer else None
+        device = self.device_for_layer(name, len(self.layers)) if self.device_for_layer else None
         first = len(self.graph.get_operations())
         self._open = name
         try:

@@ -1,0 +1,65 @@
+"""Gradient AllReduce across the devices that hold copies of the same variables.
+
+TF collective ops (`collective_ops.all_reduce`): NCCL on GPUs, ring on CPUs (virtual CPU
+devices included). Gradients of one device set and dtype are flattened into one buffer, reduced
+once, and cut back into shapes. Group and instance keys come from a per-graph `CollectiveKeys`.
+"""
+
+from typing import Dict, List, Sequence
+
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops
+
+_KEYS_COLLECTION = "dapple_tf.collective_keys"
+
+
+class CollectiveKeys:
+    """Group keys (one per device set) and fresh instance keys, unique within one graph."""
+
+    def __init__(self):
+        self._groups: Dict[tuple, int] = {}
+        self._next_instance = 1
+
+    @staticmethod
+    def of_graph(graph: tf.Graph) -> "CollectiveKeys":
+        found = graph.get_collection(_KEYS_COLLECTION)
+        if found:
+            return found[0]
+        keys = CollectiveKeys()
+        graph.add_to_collection(_KEYS_COLLECTION, keys)
+        return keys
+
+    def group_key(self, devices: Sequence[str]) -> int:
+        return self._groups.setdefault(tuple(devices), len(self._groups) + 1)
+
+    def instance_key(self) -> int:
+        self._next_instance += 1
+        return self._next_instance - 1
+
+
+def _hint(devices: Sequence[str]) -> str:
+    return "nccl" if all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices) else "auto"
+
+
+def all_reduce_sum(
+    grads_per_device: Dict[str, List[tf.Tensor]], keys: CollectiveKeys
+) -> Dict[str, List[tf.Tensor]]:
+    """Sums, element-wise across devices, lists of same-shaped tensors; one collective per call.
+
+    `grads_per_device[d][i]` lives on device d; every device gets the list of sums.
+    """
+    devices = sorted(grads_per_device)
+    if len(devices) == 1:
+        return dict(grads_per_device)
+    group_key, instance_key = keys.group_key(devices), keys.instance_key()
+    shapes = [g.shape for g in grads_per_device[devices[0]]]
+    sizes = [s.num_elements() for s in shapes]
+    result = {}
+    for device in devices:
+        with tf.device(device):
+            flat = tf.concat([tf.reshape(g, [-1]) for g in grads_per_device[device]], axis=0)
+            summed = collective_ops.all_reduce(
+                flat, len(devices), group_key, instance_key, "Add", "Id", communication_hint=_hint(devices)
+            )
+            result[device] = [tf.reshape(p, s) for p, s in zip(tf.split(summed, sizes), shapes)]
+    return result

@@ -1,0 +1,207 @@
+"""Builds every stage's forward and backward tasks per micro-batch and replica.
+
+Forward task (s, m, j): slices of the inputs and of earlier stages' outputs for micro-batch m,
+replica j (split/concat between stages of different replication), then the stage's operations
+imported under replica j's device. Backward task (s, m, j): the gradient pieces later stages sent
+for this clone's outputs are concatenated into grad_ys; `tf.gradients` of the clone gives the
+gradients of its inputs (cut into pieces for the producing replicas) and of its variables (added
+to a running sum per variable and device, so no more than one accumulated copy is alive).
+The loss of replica j is weighted by its slice's share of the global batch, so summing over
+micro-batches and replicas gives exactly the full-batch mean and its gradient.
+"""
+
+import dataclasses
+from typing import Dict, List, Sequence, Tuple
+
+import tensorflow as tf
+
+from dapple_tf import microbatch, tasks
+from dapple_tf.replicas import VariableCopies
+from dapple_tf.template import BOUNDARY, EXTERNAL, INPUT, VARIABLE, Template, stage_graph_defs
+from planner.schedule import BACKWARD, FORWARD, Schedule, Task
+
+
+@dataclasses.dataclass
+class _Clone:
+    """One forward clone: what it was fed and what it produced."""
+
+    inputs: Dict[str, tf.Tensor]  # template tensor name -> the tensor fed in its place
+    outputs: Dict[str, tf.Tensor]  # template tensor name -> the clone's tensor
+    loss: tf.Tensor = None
+
+
+def _differentiable(t: tf.Tensor) -> bool:
+    return t.dtype.base_dtype.is_floating or t.dtype.base_dtype.is_complex
+
+
+class StageBuilder:
+    """Forward and backward tasks of every stage; see the module docstring."""
+
+    def __init__(
+        self,
+        graph: tf.Graph,
+        template: Template,
+        micro_batch_size: int,
+        num_micro_batches: int,
+        copies: VariableCopies,
+        trainable: set,
+    ):
+        self.graph = graph
+        self.template = template
+        self.micro_batch_size = micro_batch_size
+        self.num_micro_batches = num_micro_batches
+        self.copies = copies
+        self.trainable = trainable
+        self.task_ops = tasks.TaskOps(graph)
+        self.clones: Dict[Tuple[int, int, int], _Clone] = {}
+        self.weighted_losses: List[tf.Tensor] = []
+        self.accumulated: Dict[Tuple[tf.Variable, str], tf.Tensor] = {}
+        # (stage, micro-batch, replica, output name) -> [(first row, gradient piece)] per consumer stage
+        self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, tf.Tensor]]]] = {}
+        self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
+        self._sizes = [microbatch.slice_sizes(micro_batch_size, st.stage.replication) for st in template.stages]
+
+    # -- forward ---------------------------------------------------------------------------
+    def _micro_batch_inputs(self) -> List[Dict[str, tf.Tensor]]:
+        b = self.micro_batch_size
+        per_micro = []
+        for m in range(self.num_micro_batches):
+            slices = {}
+            for t in self.template.inputs:
+                with tf.device(t.device or None), tf.name_scope(f"dapple/inputs/mb{m}"):
+                    slices[t.name] = t[m * b : (m + 1) * b]
+            per_micro.append(slices)
+        return per_micro
+
+    def build_forward(self) -> None:
+        # Variable copies first, so that no task captures their creation.
+        for stage in self.template.stages:
+            for ext in stage.externals:
+                if ext.kind == VARIABLE:
+                    for device in stage.stage.devices:
+                        self.copies.handle_for(self.template.variable_of_handle[ext.tensor.name], device)
+        graph_defs = stage_graph_defs(self.graph, self.template.stages)
+        micro_inputs = self._micro_batch_inputs()
+        n = self.template.global_batch_size
+        for m in range(self.num_micro_batches):
+            for s, stage in enumerate(self.template.stages):
+                sizes = self._sizes[s]
+                for j, device in enumerate(stage.stage.devices):
+                    start = microbatch.offsets(sizes)[j]
+                    with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
+                        feed = {}
+                        for ext in stage.externals:
+                            feed[ext.tensor.name] = self._feed(ext, m, j, start, sizes[j], micro_inputs[m], device)
+                        wanted = [t.name for t in stage.outputs] + ([stage.loss.name] if stage.loss is not None else [])
+                        results = tf.compat.v1.import_graph_def(
+                            graph_defs[s], input_map=feed, return_elements=wanted, name=f"dapple/stage{s}/mb{m}/r{j}"
+                        )
+                    clone = _Clone(inputs=feed, outputs=dict(zip(wanted, results)))
+                    if stage.loss is not None:
+                        clone.loss = clone.outputs.pop(stage.loss.name)
+                        with tf.device(device):
+                            weight = tf.constant(sizes[j] / n, dtype=clone.loss.dtype)
+                            self.weighted_losses.append(clone.loss * weight)
+                    self.clones[(s, m, j)] = clone
+
+    def _feed(self, ext, m, j, start, size, micro_inputs, device) -> tf.Tensor:
+        if ext.kind == INPUT:
+            return micro_inputs[ext.tensor.name][start : start + size]
+        if ext.kind == VARIABLE:
+            return self.copies.handle_for(self.template.variable_of_handle[ext.tensor.name], device)
+        if ext.kind == EXTERNAL:
+            return ext.tensor
+        p = ext.producer_stage
+        producers = [self.clones[(p, m, i)].outputs[ext.tensor.name] for i in range(len(self._sizes[p]))]
+        if not ext.batch_major:
+            received = producers[0]
+        else:
+            received = microbatch.concat_rows(microbatch.gather_rows(producers, self._sizes[p], start, size))
+        # A tensor of this task's own, so that the gradient w.r.t. it covers only this clone's paths
+        # (not a path through another boundary tensor the same producer computed from it).
+        return tf.identity(received)
+
+    # -- backward --------------------------------------------------------------------------
+    def build_backward(self, schedule: Schedule) -> None:
+        stages = self.template.stages
+        for s in reversed(range(len(stages))):
+            order = [t.micro_batch for t in schedule.stage_tasks[s] if t.kind == BACKWARD]
+            for m in order:
+                for j, device in enumerate(stages[s].stage.devices):
+                    with self.task_ops.capture(Task(s, BACKWARD, m), j), tf.device(device):
+                        self._backward_task(s, m, j, device)
+
+    def _backward_task(self, s: int, m: int, j: int, device: str) -> None:
+        stage, clone = self.template.stages[s], self.clones[(s, m, j)]
+        ys, grad_ys = [], []
+        for name, out in clone.outputs.items():
+            grad = self._gather_output_grad(s, m, j, name)
+            if grad is not None:
+                ys.append(out)
+                grad_ys.append(grad)
+        if clone.loss is not None:
+            ys.append(clone.loss)
+            grad_ys.append(tf.constant(self._sizes[s][j] / self.template.global_batch_size, dtype=clone.loss.dtype))
+        if not ys:
+            return
+        boundary = [e for e in stage.externals if e.kind == BOUNDARY and _differentiable(e.tensor)]
+        variables = [
+            (self.template.variable_of_handle[e.tensor.name], clone.inputs[e.tensor.name])
+            for e in stage.externals
+            if e.kind == VARIABLE and self.template.variable_of_handle[e.tensor.name] in self.trainable
+        ]
+        xs = [clone.inputs[e.tensor.name] for e in boundary] + [h for _, h in variables]
+        if not xs:
+            return
+        grads = tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys, colocate_gradients_with_ops=True)
+        for ext, grad in zip(boundary, grads[: len(boundary)]):
+            if grad is None:
+                grad = tf.zeros_like(clone.inputs[ext.tensor.name])
+            self._send_input_grad(ext, s, m, j, tf.convert_to_tensor(grad))
+        for (variable, _), grad in zip(variables, grads[len(boundary) :]):
+            if grad is None:
+                continue
+            grad = tf.convert_to_tensor(grad)  # IndexedSlices (gathers) become dense
+            key = (variable, device)
+            self.accumulated[key] = grad if key not in self.accumulated else self.accumulated[key] + grad
+
+    def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> None:
+        """Cuts the gradient of consumer replica j's input into pieces for the producer replicas."""
+        p = ext.producer_stage
+        if not ext.batch_major:
+            self._broadcast_outputs.add((p, ext.tensor.name))
+            self._grad_pieces.setdefault((p, m, 0, ext.tensor.name), {}).setdefault(s, []).append((0, grad))
+            return
+        sizes = self._sizes[s]
+        start = microbatch.offsets(sizes)[j]
+        producer_offsets = microbatch.offsets(self._sizes[p])
+        for i, row, count in microbatch.overlapping_blocks(self._sizes[p], start, sizes[j]):
+            piece = grad if count == sizes[j] else grad[row : row + count]
+            first_row = start + row - producer_offsets[i]
+            self._grad_pieces.setdefault((p, m, i, ext.tensor.name), {}).setdefault(s, []).append((first_row, piece))
+
+    def _gather_output_grad(self, s: int, m: int, j: int, name: str):
+        per_consumer = self._grad_pieces.get((s, m, j, name))
+        if not per_consumer:
+            return None
+        sums = []
+        for consumer in sorted(per_consumer):
+            pieces = sorted(per_consumer[consumer], key=lambda x: x[0])
+            if (s, name) in self._broadcast_outputs:  # every consumer replica's gradient of the whole tensor
+                sums.append(tf.add_n([g for _, g in pieces]))
+            else:
+                sums.append(microbatch.concat_rows([g for _, g in pieces]))
+        return sums[0] if len(sums) == 1 else tf.add_n(sums)
+
+    # -- schedule --------------------------------------------------------------------------
+    def chain(self, schedule: Schedule) -> None:
+        for s, stage in enumerate(self.template.stages):
+            for j, device in enumerate(stage.stage.devices):
+                tasks.chain(self.task_ops, schedule.stage_tasks[s], j, device)
+
+    def task_op_names(self) -> Dict[Tuple[str, Task, int], Tuple[str, ...]]:
+        devices = {(st.stage.index, j): d for st in self.template.stages for j, d in enumerate(st.stage.devices)}
+        return {
+            (devices[(task.stage, replica)], task, replica): names
+            for (task, replica), names in self.task_ops.names().items()
+        }

@@ -1,0 +1,53 @@
+"""Tasks in the graph: the operations of one forward or backward pass of one micro-batch on one
+replica, and the control edges that make each device run its tasks in the schedule's order.
+
+An operation belongs to the task during whose construction it was created (`TaskOps.capture`).
+`chain` gives each task's entry operations (those with no data input from their own task) a
+control input on the previous task's completion marker, a NoOp that waits for all its operations.
+"""
+
+import contextlib
+import dataclasses
+from typing import Dict, List, Sequence, Tuple
+
+import tensorflow as tf
+
+from planner.schedule import Task
+
+TaskKey = Tuple[Task, int]  # (task, replica)
+
+
+@dataclasses.dataclass
+class TaskOps:
+    """The operations each (task, replica) created, keyed by (task, replica)."""
+
+    graph: tf.Graph
+    ops: Dict[TaskKey, List[tf.Operation]] = dataclasses.field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def capture(self, task: Task, replica: int):
+        first = len(self.graph.get_operations())
+        yield
+        self.ops.setdefault((task, replica), []).extend(self.graph.get_operations()[first:])
+
+    def names(self) -> Dict[TaskKey, Tuple[str, ...]]:
+        return {key: tuple(op.name for op in ops) for key, ops in self.ops.items()}
+
+
+def _entry_ops(ops: Sequence[tf.Operation]) -> List[tf.Operation]:
+    own = set(ops)
+    return [op for op in ops if not any(t.op in own for t in op.inputs)]
+
+
+def chain(task_ops: TaskOps, stage_tasks: Sequence[Task], replica: int, device: str) -> None:
+    """Adds control edges so that `device` runs `stage_tasks` (of `replica`) one after another."""
+    previous_done = None
+    for task in stage_tasks:
+        ops = task_ops.ops.get((task, replica), [])
+        if not ops:
+            continue
+        if previous_done is not None:
+            for op in _entry_ops(ops):
+                op._add_control_inputs([previous_done])  # pylint: disable=protected-access
+        with tf.device(device), tf.control_dependencies(None):
+            previous_done = tf.group(*ops, name=f"done_{task.kind}{task.micro_batch}_stage{task.stage}_r{replica}")

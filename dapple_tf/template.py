@@ -1,0 +1,208 @@
+"""The template: the user's model built once on the global batch, cut into stages.
+
+`analyze` finds, from the loss backwards, the operations each stage must run per micro-batch,
+and classifies every tensor a stage consumes from outside itself:
+- INPUT: a global-batch input (features/labels), sliced per micro-batch and replica;
+- BOUNDARY: produced by an earlier stage (batch-major: split/concat; otherwise broadcast);
+- VARIABLE: a resource variable handle, mapped to the variable copy on the replica's device;
+- EXTERNAL: anything else that does not depend on the inputs (a constant built outside the
+  layers), used as it is.
+Nothing here runs the graph.
+"""
+
+import dataclasses
+from typing import Dict, List, Sequence, Set
+
+import tensorflow as tf
+
+from dapple_tf.errors import DappleError, LayerMarkerError
+from dapple_tf.layers import LayerRecord
+from dapple_tf.plan import ResolvedStage
+
+INPUT, BOUNDARY, VARIABLE, EXTERNAL = "input", "boundary", "variable", "external"
+_VARIABLE_OPS = ("VarHandleOp",)
+_REF_VARIABLE_OPS = ("VariableV2", "Variable")
+
+
+@dataclasses.dataclass
+class ExternalTensor:
+    """A tensor a stage consumes from outside its own operations."""
+
+    tensor: tf.Tensor
+    kind: str
+    producer_stage: int = -1  # BOUNDARY: the stage that computes it
+    batch_major: bool = True  # BOUNDARY/INPUT: first dimension is the batch
+
+
+@dataclasses.dataclass
+class StageTemplate:
+    """What one stage runs per micro-batch, in the template graph."""
+
+    stage: ResolvedStage
+    ops: List[tf.Operation]  # in creation order
+    externals: List[ExternalTensor]
+    outputs: List[tf.Tensor]  # tensors later stages consume
+    loss: tf.Tensor = None  # set on the stage that computes the loss
+
+
+@dataclasses.dataclass
+class Template:
+    stages: List[StageTemplate]
+    inputs: List[tf.Tensor]
+    global_batch_size: int
+    variable_of_handle: Dict[str, tf.Variable]  # handle tensor name -> variable
+
+
+def _op_set_reachable_from(starts: Sequence[tf.Operation]) -> Set[tf.Operation]:
+    seen, stack = set(), list(starts)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        for out in op.outputs:
+            stack.extend(out.consumers())
+    return seen
+
+
+def _global_batch_size(inputs: Sequence[tf.Tensor]) -> int:
+    sizes = set()
+    for t in inputs:
+        if t.shape.rank is None or t.shape.rank == 0 or t.shape[0] is None:
+            raise DappleError(
+                f"input {t.name} has shape {t.shape}; features and labels need a static leading batch dimension"
+            )
+        sizes.add(int(t.shape[0]))
+    if len(sizes) != 1:
+        raise DappleError(f"features and labels disagree on the global batch size: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def analyze(
+    loss: tf.Tensor,
+    inputs: Sequence[tf.Tensor],
+    layers: Sequence[LayerRecord],
+    stages: Sequence[ResolvedStage],
+    variables: Sequence[tf.Variable],
+) -> Template:
+    """Cuts the template graph that computes `loss` from `inputs` into `stages`."""
+    if loss.shape.rank != 0:
+        raise DappleError(f"the model must return a scalar loss (a mean over the batch), got {loss.name} {loss.shape}")
+    batch = _global_batch_size(inputs)
+    stage_of_layer = {}
+    for stage in stages:
+        for index in range(stage.first_layer, stage.last_layer + 1):
+            stage_of_layer[index] = stage.index
+    layer_of_op = {op: record.index for record in layers for op in record.ops}
+    input_ops = {t.op for t in inputs}
+    input_names = {t.name for t in inputs}
+    batch_dependent = _op_set_reachable_from(list(input_ops))
+    handle_names = {v.handle.name: v for v in variables if hasattr(v, "handle")}
+
+    if loss.op not in layer_of_op:
+        raise LayerMarkerError(f"the loss {loss.name} is computed outside any dapple_tf.layer; compute it in the last layer")
+    if layer_of_op[loss.op] != len(layers) - 1:
+        raise LayerMarkerError(
+            f"the loss must be computed in the last layer {layers[-1].name!r}; it comes from layer "
+            f"{layers[layer_of_op[loss.op]].name!r}"
+        )
+
+    # Walk back from the loss: every op the loss needs, stopping at inputs, variables and
+    # input-independent ops outside the layers.
+    stage_ops: List[Set[tf.Operation]] = [set() for _ in stages]
+    visited, stack = set(), [loss.op]
+    while stack:
+        op = stack.pop()
+        if op in visited:
+            continue
+        visited.add(op)
+        if op.type in _REF_VARIABLE_OPS:
+            raise DappleError(
+                f"{op.name} is a reference variable; dapple_tf needs resource variables "
+                "(call tf.compat.v1.enable_resource_variables() before building the model)"
+            )
+        if op in input_ops or op.type in _VARIABLE_OPS:
+            continue
+        if op not in layer_of_op:
+            if op in batch_dependent:
+                raise LayerMarkerError(
+                    f"operation {op.name} ({op.type}) computes from the model inputs outside any dapple_tf.layer "
+                    "marker; put it inside a layer"
+                )
+            continue  # EXTERNAL: does not depend on the inputs
+        stage_ops[stage_of_layer[layer_of_op[op]]].add(op)
+        stack.extend(t.op for t in op.inputs)
+
+    stage_of_op = {op: s for s, ops in enumerate(stage_ops) for op in ops}
+    templates = []
+    outputs_of_stage: List[Dict[str, tf.Tensor]] = [dict() for _ in stages]
+    for s, stage in enumerate(stages):
+        if not stage_ops[s]:
+            raise DappleError(
+                f"stage {s} (layers {stage.layer_names[0]!r}..{stage.layer_names[-1]!r}) computes nothing the loss "
+                "depends on"
+            )
+        ordered = sorted(stage_ops[s], key=lambda op: op._id)  # creation order
+        externals: Dict[str, ExternalTensor] = {}
+        for op in ordered:
+            for t in op.inputs:
+                if t.op in stage_ops[s] or t.name in externals:
+                    continue
+                if t.name in input_names:
+                    externals[t.name] = ExternalTensor(t, INPUT)
+                elif t.op.type in _VARIABLE_OPS:
+                    if t.name not in handle_names:
+                        raise DappleError(f"{op.name} reads {t.op.name}, which is not a variable of this graph")
+                    externals[t.name] = ExternalTensor(t, VARIABLE)
+                elif t.op in stage_of_op:
+                    producer = stage_of_op[t.op]
+                    if producer > s:
+                        raise LayerMarkerError(
+                            f"{op.name} in stage {s} consumes {t.name} from the later stage {producer}; "
+                            "layers must be marked in the order they compute"
+                        )
+                    major = t.op in batch_dependent
+                    if major and t.shape.rank is not None and (t.shape.rank == 0 or t.shape[0] not in (None, batch)):
+                        raise DappleError(
+                            f"{t.name} (shape {t.shape}) crosses from stage {producer} to stage {s} and depends on the "
+                            f"batch, but its first dimension is not the batch ({batch}); micro-batches cannot be "
+                            "split there: move the stage boundary"
+                        )
+                    externals[t.name] = ExternalTensor(t, BOUNDARY, producer_stage=producer, batch_major=major)
+                    outputs_of_stage[producer][t.name] = t
+                else:
+                    externals[t.name] = ExternalTensor(t, EXTERNAL, batch_major=False)
+        templates.append(StageTemplate(stage=stage, ops=ordered, externals=list(externals.values()), outputs=[]))
+    for s, template in enumerate(templates):
+        template.outputs = list(outputs_of_stage[s].values())
+    templates[-1].loss = loss
+    return Template(
+        stages=templates, inputs=list(inputs), global_batch_size=batch, variable_of_handle=handle_names
+    )
+
+
+def stage_graph_defs(graph: tf.Graph, stages: Sequence[StageTemplate]) -> List[tf.compat.v1.GraphDef]:
+    """Per stage, a GraphDef of its operations alone, ready to import per micro-batch.
+
+    Device fields and colocation attributes are cleared so that the replica's device scope
+    places the clone; control inputs from outside the stage are dropped.
+    """
+    full = graph.as_graph_def()
+    nodes = {node.name: node for node in full.node}
+    return [_sub_graph_def(nodes, full.versions, stage.ops) for stage in stages]
+
+
+def _sub_graph_def(nodes, versions, ops: Sequence[tf.Operation]) -> tf.compat.v1.GraphDef:
+    names = {op.name for op in ops}
+    out = tf.compat.v1.GraphDef()
+    out.versions.CopyFrom(versions)
+    for op in ops:
+        node = out.node.add()
+        node.CopyFrom(nodes[op.name])
+        node.device = ""
+        if "_class" in node.attr:
+            del node.attr["_class"]
+        kept = [i for i in node.input if not i.startswith("^") or i[1:] in names]
+        del node.input[:]
+        node.input.extend(kept)
+    return out

@@ -1,0 +1,243 @@
+"""DAPPLE's cost model (paper section 4.1), as pure functions shared by the planners and by
+planner/simulator.py.
+
+Conventions:
+- A stage covers layers [first, end) of the profile's topological order (end exclusive; the
+  Plan proto stores last_layer = end - 1). `ModelProfile` holds per-sample costs.
+- Compute scales linearly with samples: a replica holding a slice of b samples takes
+  b * (per-sample time) + PASS_OVERHEAD_MS per forward or backward pass. Replication need not
+  divide the micro-batch: slices differ by at most one sample and the largest one is costed.
+- The cut before layer c carries every tensor produced by a layer < c and consumed by a
+  layer >= c (activations forward, their gradients backward: same bytes).
+- Transfers between stages: each sample goes from the device holding it in the sender's slicing
+  to the device holding it in the receiver's slicing (split 1:N, concat N:1, N:M); each device's
+  NVLink port and each server's NIC carries its bytes at the cluster's bandwidth, all in parallel;
+  the transfer takes as long as the busiest port.
+- AllReduce: ring inside one server, 2 (n-1)/n * bytes / intra; across servers hierarchical:
+  intra-server reduce-scatter + all-gather (2 (c-1)/c * bytes / intra, c = most devices on one
+  server) plus a ring between servers over the NICs (2 (k-1)/k * bytes / inter, k servers).
+- Pipeline latency L = Tw + Ts + Te (paper formula 2) over computation and communication stages,
+  pivot Q from the paper's Algorithm 1 (formula 3).
+
+PASS_OVERHEAD_MS = 0.2: a fixed cost per stage per forward or backward micro-batch pass
+(executor step, kernel launches, split/concat ops). Without it the linear model would make the
+smallest micro-batch always best.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+from planner.profile import ModelProfile
+
+PASS_OVERHEAD_MS = 0.2
+DEFAULT_OPTIMIZER_MULTIPLIER = 2.0  # Adam: two extra copies (m, v) of every weight
+# Policy B (more warm-up forwards) when the activation-communication ratio is at least this:
+# the paper picks B for VGG-19 (ACR 0.16) and GNMT-16 (0.10), A for BERT-48 (0.06), XLNet (0.03).
+ACR_POLICY_B_THRESHOLD = 0.08
+
+
+class Prefix:
+    """Prefix sums over a ModelProfile for O(1) stage costs."""
+
+    def __init__(self, model: ModelProfile):
+        self.model = model
+        n = model.num_layers
+        self.fwd = [0.0] * (n + 1)
+        self.bwd = [0.0] * (n + 1)
+        self.params = [0.0] * (n + 1)
+        self.act = [0.0] * (n + 1)
+        for i in range(n):
+            self.fwd[i + 1] = self.fwd[i] + model.forward_ms[i]
+            self.bwd[i + 1] = self.bwd[i] + model.backward_ms[i]
+            self.params[i + 1] = self.params[i] + model.parameter_bytes[i]
+            self.act[i + 1] = self.act[i] + model.activation_bytes[i]
+        # cut[c] = per-sample bytes crossing the boundary before layer c
+        diff = [0.0] * (n + 2)
+        for i in range(n):
+            if model.last_use[i] > i:
+                diff[i + 1] += model.activation_bytes[i]
+                diff[model.last_use[i] + 1] -= model.activation_bytes[i]
+        self.cut = [0.0] * (n + 1)
+        running = 0.0
+        for c in range(n + 1):
+            running += diff[c]
+            self.cut[c] = running
+
+    def forward_per_sample(self, first: int, end: int) -> float:
+        return self.fwd[end] - self.fwd[first]
+
+    def backward_per_sample(self, first: int, end: int) -> float:
+        return self.bwd[end] - self.bwd[first]
+
+    def parameter_bytes(self, first: int, end: int) -> float:
+        return self.params[end] - self.params[first]
+
+    def activation_per_sample(self, first: int, end: int) -> float:
+        return self.act[end] - self.act[first]
+
+
+def slice_sizes(samples: int, replicas: int) -> List[int]:
+    """How `samples` split over `replicas` devices: sizes differ by at most one, larger first."""
+    base, extra = divmod(samples, replicas)
+    return [base + 1 if i < extra else base for i in range(replicas)]
+
+
+def largest_slice(samples: int, replicas: int) -> int:
+    return -(-samples // replicas)
+
+
+def stage_forward_ms(prefix: Prefix, first: int, end: int, micro_batch_size: int, replicas: int,
+                     overhead_ms: float = PASS_OVERHEAD_MS) -> float:
+    """Forward time of layers [first, end) for one micro-batch on the largest replica slice."""
+    return largest_slice(micro_batch_size, replicas) * prefix.forward_per_sample(first, end) + overhead_ms
+
+
+def stage_backward_ms(prefix: Prefix, first: int, end: int, micro_batch_size: int, replicas: int,
+                      overhead_ms: float = PASS_OVERHEAD_MS) -> float:
+    """Backward time of layers [first, end) for one micro-batch on the largest replica slice."""
+    return largest_slice(micro_batch_size, replicas) * prefix.backward_per_sample(first, end) + overhead_ms
+
+
+def cut_bytes(prefix: Prefix, cut: int, samples: int = 1) -> float:
+    """Bytes crossing the boundary before layer `cut` for `samples` samples."""
+    return prefix.cut[cut] * samples
+
+
+def transfer_ms(cluster, src_devices: Sequence[int], dst_devices: Sequence[int], bytes_per_sample: float,
+                samples: int) -> float:
+    """Time to move a micro-batch's boundary tensors from one stage's devices to the next's.
+
+    Handles 1:1, split (1:N), concat (N:1) and N:M; samples on the same device move for free.
+    """
+    if bytes_per_sample <= 0 or samples <= 0:
+        return 0.0
+    return bytes_per_sample * transfer_ms_per_byte(cluster, tuple(src_devices), tuple(dst_devices), samples)
+
+
+def transfer_ms_per_byte(cluster, src: Tuple[int, ...], dst: Tuple[int, ...], samples: int) -> float:
+    """transfer_ms for 1 byte per sample (the transfer time is linear in the bytes)."""
+    per_server = cluster.devices_per_server
+    a = slice_sizes(samples, len(src))
+    b = slice_sizes(samples, len(dst))
+    dev_out, dev_in, nic_out, nic_in = {}, {}, {}, {}
+    i = j = 0
+    ra, rb = a[0], b[0]
+    while i < len(a) and j < len(b):
+        n = min(ra, rb)
+        if n > 0:
+            s, d = src[i], dst[j]
+            if s != d:
+                ss, ds = s // per_server, d // per_server
+                if ss == ds:
+                    dev_out[s] = dev_out.get(s, 0) + n
+                    dev_in[d] = dev_in.get(d, 0) + n
+                else:
+                    nic_out[ss] = nic_out.get(ss, 0) + n
+                    nic_in[ds] = nic_in.get(ds, 0) + n
+        ra -= n
+        rb -= n
+        if ra == 0:
+            i += 1
+            ra = a[i] if i < len(a) else 0
+        if rb == 0:
+            j += 1
+            rb = b[j] if j < len(b) else 0
+    intra = max(list(dev_out.values()) + list(dev_in.values()) + [0])
+    inter = max(list(nic_out.values()) + list(nic_in.values()) + [0])
+    return 1e3 * max(intra / cluster.intra_server_bandwidth, inter / cluster.inter_server_bandwidth)
+
+
+def allreduce_ms(cluster, devices: Sequence[int], nbytes: float) -> float:
+    """Gradient AllReduce time of `nbytes` over `devices` (hierarchical across servers)."""
+    if nbytes <= 0 or len(devices) <= 1:
+        return 0.0
+    return nbytes * allreduce_ms_per_byte(cluster, devices)
+
+
+def allreduce_ms_per_byte(cluster, devices: Sequence[int]) -> float:
+    counts = {}
+    for d in devices:
+        s = d // cluster.devices_per_server
+        counts[s] = counts.get(s, 0) + 1
+    k = len(counts)
+    c = max(counts.values())
+    intra = 2.0 * (c - 1) / c / cluster.intra_server_bandwidth if c > 1 else 0.0
+    inter = 2.0 * (k - 1) / k / cluster.inter_server_bandwidth if k > 1 else 0.0
+    return 1e3 * (intra + inter)
+
+
+def allreduce_tail_ms(model: ModelProfile, first: int, end: int, slice_samples: int, ar_ms_per_byte: float) -> float:
+    """AllReduce time left after the stage's last backward pass when each layer's gradients are
+    reduced as soon as the last micro-batch's backward produces them (backward/AllReduce overlap).
+
+    Layers run backward from end-1 down to first; the link reduces one layer's gradients at a time.
+    Equals max over k of (AR of layers first..k) - (backward of layers first..k-1).
+    """
+    tail, ar_sum, bwd_before = 0.0, 0.0, 0.0
+    for k in range(first, end):
+        ar_sum += model.parameter_bytes[k] * ar_ms_per_byte
+        tail = max(tail, ar_sum - bwd_before)
+        bwd_before += model.backward_ms[k] * slice_samples
+    return tail
+
+
+def memory_bytes(prefix: Prefix, first: int, end: int, slice_samples: int, in_flight: int,
+                 optimizer_multiplier: float = DEFAULT_OPTIMIZER_MULTIPLIER, extra_bytes: float = 0.0) -> float:
+    """Peak memory of one device of a stage: weights, gradients and optimizer state
+    ((2 + optimizer_multiplier) x parameters) plus the stashed activations of `in_flight`
+    micro-batch slices (every layer's outputs, per sample x slice)."""
+    params = prefix.parameter_bytes(first, end)
+    return params * (2.0 + optimizer_multiplier) + in_flight * slice_samples * prefix.activation_per_sample(first, end) + extra_bytes
+
+
+def pivot_stage(forward: Sequence[float], backward: Sequence[float], num_micro_batches: int) -> int:
+    """The paper's Algorithm 1: start from Q = S-1 and move Q to an earlier stage s whenever its
+    bubble-free steady phase (M-1)(F_s+B_s) exceeds Q's plus the F+B of stages between them."""
+    m1 = num_micro_batches - 1
+    q = len(forward) - 1
+    for s in range(q - 1, -1, -1):
+        l1 = m1 * (forward[s] + backward[s])
+        l2 = m1 * (forward[q] + backward[q])
+        for t in range(s + 1, q):
+            l2 += forward[t] + backward[t]
+        if l1 > l2:
+            q = s
+    return q
+
+
+def pipeline_latency(forward: Sequence[float], backward: Sequence[float], allreduce: Sequence[float],
+                     num_micro_batches: int) -> Tuple[float, float, float, float, int]:
+    """(L, Tw, Ts, Te, Q) of paper formula 2 over all stages (communication stages included,
+    with allreduce 0). `allreduce[s]` is what stage s's gradient sync adds after its last backward.
+
+    Te = max over s of: s <= Q: AR_s + sum_{a=s..Q} B_a; s > Q: AR_s - sum_{a=Q+1..s-1} B_a
+    (a stage after Q finished its last backward that long before Q's last backward began; the
+    paper prints the sum from Q to s, which subtracts B_Q and B_s as well).
+    """
+    q = pivot_stage(forward, backward, num_micro_batches)
+    tw = sum(forward[: q + 1])
+    ts = (num_micro_batches - 1) * (forward[q] + backward[q])
+    te = 0.0
+    acc = 0.0
+    for s in range(q, -1, -1):
+        acc += backward[s]
+        te = max(te, allreduce[s] + acc)
+    acc = 0.0
+    for s in range(q + 1, len(forward)):
+        te = max(te, allreduce[s] - acc)
+        acc += backward[s]
+    return tw + ts + te, tw, ts, te, q
+
+
+def activation_communication_ratio(compute_ms: Sequence[float], comm_ms: Sequence[float]) -> float:
+    """ACR: mean over stage boundaries of (forward + backward transfer time of the boundary)
+    / (mean forward + backward time of its two neighbouring stages); 0 for one stage."""
+    if len(compute_ms) < 2:
+        return 0.0
+    ratios = []
+    for i, c in enumerate(comm_ms):
+        denom = 0.5 * (compute_ms[i] + compute_ms[i + 1])
+        ratios.append(c / denom if denom > 0 else math.inf)
+    return sum(ratios) / len(ratios)

@@ -1,0 +1,282 @@
+"""The DAPPLE planner (paper section 4.3): dynamic programming over (layers planned, devices
+used, device set) with the Fresh First / Append First / Scatter First placement policies.
+
+State T_PL(c, g): the first c layers (topological order) are planned as stages on the device set
+g (kept as per-server used-device counts; a stage takes the lowest free ids of a server); the
+remaining layers [c, N) form one last stage replicated on every device not in g. From each state
+the last stage is split at a cut c' into a new stage [c, c') on r devices (placed by each policy)
+and a new last stage [c', N) on the rest. Each candidate is a complete plan, costed with
+formula 2 (L = Tw + Ts + Te, pivot by Algorithm 1); per (c', g') only the lowest L is kept
+(memoized search). DP-only (c = 0) and straight plans are special cases.
+
+Memory: a candidate whose planned stages (all but the last) do not fit on some device is
+pruned (their K_i only grows as more stages are added); one whose last stage does not fit is
+kept for further splitting but is not a valid plan.
+
+Cut candidates: runs of layers with no compute and no parameters (e.g. tuple indexing) do not
+change any stage's compute or weights, so within such a run only the boundary with the fewest
+crossing bytes is considered (exact under this cost model).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from planner import cost_model as cm
+from planner.plan_eval import Estimate, Options, evaluate, warmup_counts
+
+PLACEMENT_POLICIES = ("fresh", "append", "scatter")
+
+
+def place(used: Tuple[int, ...], count: int, per_server: int, policy: str) -> Optional[Tuple[int, ...]]:
+    """Devices-per-server taken by a new stage of `count` devices under a placement policy.
+
+    fresh:   fill fresh (unused) servers first, in order, then partially used ones;
+    append:  fill partially used servers first, then fresh ones;
+    scatter: spread one device at a time round-robin over the used servers that have free devices
+             (over all servers when none is used yet), then over the others.
+    Returns the per-server counts taken, or None if there are not enough free devices.
+    """
+    free = [per_server - u for u in used]
+    if sum(free) < count:
+        return None
+    take = [0] * len(used)
+    if policy in ("fresh", "append"):
+        fresh = [s for s in range(len(used)) if used[s] == 0]
+        partial = [s for s in range(len(used)) if 0 < used[s] < per_server]
+        order = fresh + partial if policy == "fresh" else partial + fresh
+        left = count
+        for s in order:
+            t = min(free[s], left)
+            take[s] = t
+            left -= t
+            if left == 0:
+                break
+        return tuple(take)
+    if policy != "scatter":
+        raise ValueError(f"unknown placement policy {policy!r}")
+    groups = [[s for s in range(len(used)) if 0 < used[s] < per_server]]
+    groups.append([s for s in range(len(used)) if used[s] == 0])
+    if not groups[0]:
+        groups = [groups[1]]
+    left = count
+    for group in groups:
+        while left > 0:
+            progressed = False
+            for s in group:
+                if left > 0 and take[s] < free[s]:
+                    take[s] += 1
+                    left -= 1
+                    progressed = True
+            if not progressed:
+                break
+    return tuple(take)
+
+
+def device_ids(used: Tuple[int, ...], take: Tuple[int, ...], per_server: int) -> Tuple[int, ...]:
+    return tuple(s * per_server + used[s] + i for s in range(len(take)) for i in range(take[s]))
+
+
+def candidate_cuts(prefix: cm.Prefix) -> List[int]:
+    """Stage boundaries worth trying (1..N-1), one per run of cost-free layers."""
+    model = prefix.model
+    n = model.num_layers
+    cuts: List[int] = []
+    run: List[int] = []
+    for c in range(1, n):
+        run.append(c)
+        layer = model  # layer c-... decide whether boundary c can slide to c+1 at no cost
+        free_layer = (c < n and layer.forward_ms[c] == 0 and layer.backward_ms[c] == 0
+                      and layer.parameter_bytes[c] == 0)
+        if not free_layer or c == n - 1:
+            cuts.append(min(run, key=lambda x: (prefix.cut[x], x)))
+            run = []
+    return cuts
+
+
+def replication_candidates(total: int, per_server: int) -> List[int]:
+    """All counts 1..total-1 on small clusters (<= 64 devices); on large ones 1..per_server and
+    whole-server multiples on a roughly geometric grid (1, 2, 3, 4, 6, 8, 12, 16, ... servers)."""
+    if total <= 64:
+        return list(range(1, total))
+    out = set(range(1, per_server + 1))
+    k = 1
+    while k * per_server < total:
+        out.add(k * per_server)
+        if (3 * k // 2) * per_server < total:
+            out.add((3 * k // 2) * per_server)
+        k *= 2
+    return sorted(x for x in out if x < total)
+
+
+class _State:
+    __slots__ = ("stages", "fwd", "bwd", "tail", "latency", "used", "steady_bound")
+
+    def __init__(self, stages, fwd, bwd, tail, latency, used, steady_bound):
+        self.stages = stages      # [(first, end, devices)] of planned stages
+        self.fwd = fwd            # interleaved compute/comm forward times of planned stages
+        self.bwd = bwd
+        self.tail = tail
+        self.latency = latency
+        self.used = used
+        self.steady_bound = steady_bound
+
+
+def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batch_size: int, options: Options,
+           best_latency: float = float("inf"), policies: Sequence[str] = PLACEMENT_POLICIES,
+           replications: Optional[Sequence[int]] = None, start_used: Optional[Tuple[int, ...]] = None,
+           straight: bool = False) -> Optional[Estimate]:
+    """Runs the DP for one micro-batch size; returns the best feasible plan found whose latency
+    is below `best_latency` (None if none).
+
+    `replications` limits stage replication counts; `start_used` marks devices as unavailable
+    (per-server counts); `straight` accepts only plans whose last stage has one device."""
+    per_server = cluster.devices_per_server
+    total = all_devices = cluster.num_servers * per_server
+    n = model.num_layers
+    mbs = micro_batch_size
+    m = global_batch_size // mbs
+    m1 = m - 1
+    oh = options.overhead_ms
+    cuts = candidate_cuts(prefix)
+    reps = list(replications) if replications is not None else replication_candidates(total, per_server)
+    reps = [r for r in reps if r <= mbs]
+    max_stages = options.max_stages or n
+    overlap = options.overlap
+    mem_cap = cluster.device_memory_bytes
+    opt = options.optimizer_multiplier
+    ar_cache: Dict[Tuple[int, ...], float] = {}
+    xfer_cache: Dict[Tuple, float] = {}
+    tail_cache: Dict[Tuple, float] = {}
+
+    def ar_per_byte(devs):
+        v = ar_cache.get(devs)
+        if v is None:
+            v = ar_cache[devs] = cm.allreduce_ms_per_byte(cluster, devs) if len(devs) > 1 else 0.0
+        return v
+
+    def xfer(src, dst):
+        key = (src, dst)
+        v = xfer_cache.get(key)
+        if v is None:
+            v = xfer_cache[key] = cm.transfer_ms_per_byte(cluster, src, dst, mbs)
+        return v
+
+    def stage_costs(first, end, devs):
+        r = len(devs)
+        sl = -(-mbs // r)
+        f = sl * (prefix.fwd[end] - prefix.fwd[first]) + oh
+        b = sl * (prefix.bwd[end] - prefix.bwd[first]) + oh
+        if r == 1:
+            return f, b, 0.0
+        per_byte = ar_per_byte(devs)
+        if overlap:
+            key = (first, end, sl, per_byte)
+            t = tail_cache.get(key)
+            if t is None:
+                t = tail_cache[key] = cm.allreduce_tail_ms(model, first, end, sl, per_byte)
+        else:
+            t = (prefix.params[end] - prefix.params[first]) * per_byte
+        return f, b, t
+
+    def fits(first, end, devs, k):
+        sl = -(-mbs // len(devs))
+        return cm.memory_bytes(prefix, first, end, sl, k, opt) <= mem_cap
+
+    best: Optional[Estimate] = None
+    best_l = best_latency
+    if start_used is None:
+        start_used = tuple([0] * cluster.num_servers)
+    total -= sum(start_used)
+    root = _State([], [], [], [], 0.0, start_used, 0.0)
+    frontier: Dict[int, Dict[Tuple[int, ...], _State]] = {0: {start_used: root}}
+
+    def complete(state, c):
+        """Costs state + last stage [c, n) on all free devices; returns (L, feasible)."""
+        used = state.used
+        devs = tuple(s * per_server + i for s in range(len(used)) for i in range(used[s], per_server))
+        if not devs or len(devs) > mbs or (straight and len(devs) != 1):
+            return None
+        f, b, t = stage_costs(c, n, devs)
+        fw, bw, tl = list(state.fwd), list(state.bwd), list(state.tail)
+        if state.stages:
+            x = prefix.cut[c] * xfer(state.stages[-1][2], devs)
+            fw.append(x)
+            bw.append(x)
+            tl.append(0.0)
+        fw.append(f)
+        bw.append(b)
+        tl.append(t)
+        return cm.pipeline_latency(fw, bw, tl, m)[0], devs, (f, b, t)
+
+    for c in [0] + cuts:
+        states = frontier.pop(c, None)
+        if not states:
+            continue
+        for state in states.values():
+            if state.steady_bound >= best_l:
+                continue
+            num = len(state.stages)
+            # The state as a complete plan.
+            res = complete(state, c)
+            if res is not None and res[0] < best_l:
+                stages = state.stages + [(c, n, res[1])]
+                est = evaluate(model, prefix, cluster, stages, global_batch_size, mbs, options)
+                if est.feasible and est.latency < best_l:
+                    best, best_l = est, est.latency
+            if num + 2 > max_stages:
+                continue
+            free_total = all_devices - sum(state.used)
+            for c2 in cuts:
+                if c2 <= c:
+                    continue
+                fps = prefix.fwd[c2] - prefix.fwd[c]
+                bps = prefix.bwd[c2] - prefix.bwd[c]
+                for r in reps:
+                    if r >= free_total:
+                        break
+                    if free_total - r > mbs and not straight:
+                        continue
+                    sl = -(-mbs // r)
+                    steady = m1 * (sl * (fps + bps) + 2 * oh)
+                    if steady >= best_l:
+                        continue
+                    seen = set()
+                    for pol in policies:
+                        take = place(state.used, r, per_server, pol)
+                        if take is None or take in seen:
+                            continue
+                        seen.add(take)
+                        devs = device_ids(state.used, take, per_server)
+                        # K_i under policy A for the stages planned so far (grows with more stages).
+                        s_total = num + 2
+                        ok = fits(c, c2, devs, min(2, m))
+                        if ok:
+                            for i, (a, e, d) in enumerate(state.stages):
+                                if not fits(a, e, d, min(s_total - i, m)):
+                                    ok = False
+                                    break
+                        if not ok:
+                            continue
+                        f, b, t = stage_costs(c, c2, devs)
+                        fw, bw, tl = list(state.fwd), list(state.bwd), list(state.tail)
+                        if state.stages:
+                            x = prefix.cut[c] * xfer(state.stages[-1][2], devs)
+                            fw.append(x)
+                            bw.append(x)
+                            tl.append(0.0)
+                        fw.append(f)
+                        bw.append(b)
+                        tl.append(t)
+                        new_used = tuple(u + k for u, k in zip(state.used, take))
+                        child = _State(state.stages + [(c, c2, devs)], fw, bw, tl, 0.0, new_used,
+                                       max(state.steady_bound, steady))
+                        res = complete(child, c2)
+                        if res is None:
+                            continue
+                        child.latency = res[0]
+                        bucket = frontier.setdefault(c2, {})
+                        old = bucket.get(new_used)
+                        if old is None or child.latency < old.latency:
+                            bucket[new_used] = child
+    return best

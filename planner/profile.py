@@ -1,0 +1,366 @@
+"""Layer cost profiles: PipeDream's text format, the LayerCostProfile protobuf, and the
+planner's in-memory view of a profile.
+
+PipeDream text grammar (one item per line, blank lines ignored):
+
+    <id> -- <description> -- forward_compute_time=<ms>, backward_compute_time=<ms>,
+        activation_size=<bytes | [a; b; ...]>, parameter_size=<bytes>[ -- stage_id=<int>]
+    <whitespace><src_id> -- <dst_id>
+
+Values are read by position (like PipeDream's graph.py). Times are milliseconds for the whole
+profile batch, whose size is encoded in the file name (`-pbs-32`) or passed explicitly.
+
+Conversion rules (stable; the profiler relies on them):
+- layer name = node id ("node3"), description = the node's description text;
+- `activation_size=[a; b]` -> output_activation_bytes [a, b], activation_bytes = a + b;
+  a scalar -> activation_bytes only (output_activation_bytes stays empty);
+- an edge `src -- dst` appends src to dst's `inputs` (file order is kept);
+- layers are emitted in a topological order: the file order where it is already topological,
+  otherwise Kahn's algorithm preferring earlier file lines; a cycle is an error naming nodes.
+
+Errors are ProfileError (a ValueError) whose message starts with `<path>:<line>:`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import os
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from planner.schemas import SchemaError, layer_cost_pb2, read_message
+
+LayerCostProfile = layer_cost_pb2.LayerCostProfile
+
+_PBS_RE = re.compile(r"-pbs-(\d+)")
+_METRIC_KEYS = ("forward_compute_time", "backward_compute_time", "activation_size", "parameter_size")
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read; the message starts with `<path>:<line>:`."""
+
+
+def batch_size_from_name(path: str) -> Optional[int]:
+    """The profile batch size encoded as `-pbs-N` in a file name, or None."""
+    match = _PBS_RE.search(os.path.basename(path))
+    return int(match.group(1)) if match else None
+
+
+def model_name_from_path(path: str) -> str:
+    """`.../gnmt-16-pbs-64.txt` -> `gnmt-16`."""
+    base = os.path.basename(path)
+    base = os.path.splitext(base)[0] if "." in base else base
+    return _PBS_RE.split(base)[0] if _PBS_RE.search(base) else base
+
+
+def _number(text: str, path: str, line_no: int, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ProfileError(f"{path}:{line_no}: {what}: not a number: {text!r}") from None
+
+
+def _parse_node(line: str, path: str, line_no: int):
+    parts = line.split(" -- ")
+    stage_id = None
+    if len(parts) >= 4 and parts[-1].strip().startswith("stage_id="):
+        text = parts.pop().strip()[len("stage_id="):]
+        try:
+            stage_id = int(text)
+        except ValueError:
+            raise ProfileError(f"{path}:{line_no}: stage_id: not an integer: {text!r}") from None
+    if len(parts) < 3:
+        raise ProfileError(
+            f"{path}:{line_no}: expected `<id> -- <description> -- forward_compute_time=..., "
+            f"backward_compute_time=..., activation_size=..., parameter_size=...`, got {line.strip()!r}"
+        )
+    node_id = parts[0].strip()
+    description = " -- ".join(parts[1:-1])
+    metrics = [m.strip() for m in parts[-1].split(",")]
+    if len(metrics) != 4 or any("=" not in m for m in metrics):
+        raise ProfileError(
+            f"{path}:{line_no}: expected 4 comma-separated key=value metrics "
+            f"({', '.join(_METRIC_KEYS)}), got {parts[-1].strip()!r}"
+        )
+    values = [m.split("=", 1)[1].strip() for m in metrics]
+    fwd = _number(values[0], path, line_no, _METRIC_KEYS[0])
+    bwd = _number(values[1], path, line_no, _METRIC_KEYS[1])
+    act_text = values[2]
+    outputs: List[float] = []
+    if act_text.startswith("["):
+        if not act_text.endswith("]"):
+            raise ProfileError(f"{path}:{line_no}: activation_size: unterminated list {act_text!r}")
+        inner = act_text[1:-1].strip()
+        outputs = [_number(v.strip(), path, line_no, _METRIC_KEYS[2]) for v in inner.split(";")] if inner else []
+        act = float(sum(outputs))
+    else:
+        act = _number(act_text, path, line_no, _METRIC_KEYS[2])
+    params = _number(values[3], path, line_no, _METRIC_KEYS[3])
+    if not node_id or any(ch.isspace() for ch in node_id):
+        raise ProfileError(f"{path}:{line_no}: bad node id {node_id!r}")
+    for name, v in (("forward_compute_time", fwd), ("backward_compute_time", bwd),
+                    ("activation_size", act), ("parameter_size", params)):
+        if v < 0 or v != v:
+            raise ProfileError(f"{path}:{line_no}: {name} must be >= 0, got {v}")
+    layer = layer_cost_pb2.LayerCost(
+        name=node_id, description=description, forward_ms=fwd, backward_ms=bwd,
+        activation_bytes=act, parameter_bytes=params,
+    )
+    layer.output_activation_bytes.extend(outputs)
+    if stage_id is not None:
+        layer.stage_id = stage_id
+        layer.has_stage_id = True
+    return layer
+
+
+def topological_order(names: Sequence[str], inputs: Dict[str, Sequence[str]]) -> List[str]:
+    """Kahn's algorithm preferring earlier positions in `names`; raises ValueError on a cycle.
+
+    The ValueError message lists the nodes on one cycle, e.g. `cycle: node3 -> node4 -> node3`.
+    """
+    position = {n: i for i, n in enumerate(names)}
+    consumers: Dict[str, List[str]] = {n: [] for n in names}
+    indegree = {n: 0 for n in names}
+    for dst in names:
+        for src in inputs.get(dst, ()):
+            consumers[src].append(dst)
+            indegree[dst] += 1
+    ready = [position[n] for n in names if indegree[n] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        n = names[heapq.heappop(ready)]
+        order.append(n)
+        for c in consumers[n]:
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                heapq.heappush(ready, position[c])
+    if len(order) < len(names):
+        left = {n for n in names if indegree[n] > 0}
+        # Walk back along inputs inside `left` until a node repeats: that is a cycle.
+        node = min(left, key=position.get)
+        seen: List[str] = []
+        while node not in seen:
+            seen.append(node)
+            node = next(s for s in inputs[node] if s in left)
+        cycle = seen[seen.index(node):][::-1]
+        raise ValueError("cycle: " + " -> ".join(cycle + [cycle[0]]))
+    return order
+
+
+def parse_pipedream(text: str, path: str = "<string>", batch_size: Optional[int] = None) -> LayerCostProfile:
+    """Parses PipeDream profile text into a LayerCostProfile (layers in topological order).
+
+    `batch_size` defaults to the `-pbs-N` in `path`; ProfileError if neither gives one.
+    """
+    if batch_size is None:
+        batch_size = batch_size_from_name(path)
+    if batch_size is None:
+        raise ProfileError(f"{path}:0: no profile batch size: name the file `...-pbs-N.txt` or pass batch_size")
+    if batch_size < 1:
+        raise ProfileError(f"{path}:0: profile batch size must be >= 1, got {batch_size}")
+    layers: Dict[str, layer_cost_pb2.LayerCost] = {}
+    node_line: Dict[str, int] = {}
+    order: List[str] = []
+    edges: List[Tuple[str, str, int]] = []
+    for line_no, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        if raw[0].isspace():
+            parts = [p.strip() for p in raw.strip().split(" -- ")]
+            if len(parts) != 2 or not parts[0] or not parts[1]:
+                raise ProfileError(f"{path}:{line_no}: expected an edge `<src> -- <dst>`, got {raw.strip()!r}")
+            edges.append((parts[0], parts[1], line_no))
+            continue
+        layer = _parse_node(raw, path, line_no)
+        if layer.name in layers:
+            raise ProfileError(f"{path}:{line_no}: node {layer.name} defined twice (first on line {node_line[layer.name]})")
+        layers[layer.name] = layer
+        node_line[layer.name] = line_no
+        order.append(layer.name)
+    if not layers:
+        raise ProfileError(f"{path}:0: no nodes in profile")
+    inputs: Dict[str, List[str]] = {n: [] for n in order}
+    edge_line: Dict[Tuple[str, str], int] = {}
+    for src, dst, line_no in edges:
+        for node in (src, dst):
+            if node not in layers:
+                raise ProfileError(f"{path}:{line_no}: edge {src} -- {dst} names undefined node {node}")
+        if src == dst:
+            raise ProfileError(f"{path}:{line_no}: cycle: {src} -> {src}")
+        if src in inputs[dst]:
+            raise ProfileError(f"{path}:{line_no}: duplicate edge {src} -- {dst}")
+        inputs[dst].append(src)
+        edge_line[(src, dst)] = line_no
+    try:
+        topo = topological_order(order, inputs)
+    except ValueError as e:
+        cycle = str(e)[len("cycle: "):].split(" -> ")
+        line_no = edge_line.get((cycle[0], cycle[1]), 0)
+        raise ProfileError(f"{path}:{line_no}: {e}") from None
+    profile = LayerCostProfile(model_name=model_name_from_path(path), batch_size=batch_size, source=path)
+    for index, name in enumerate(topo):
+        layer = profile.layers.add()
+        layer.CopyFrom(layers[name])
+        layer.index = index
+        layer.inputs.extend(inputs[name])
+    return profile
+
+
+def read_pipedream(path: str, batch_size: Optional[int] = None) -> LayerCostProfile:
+    """Reads a PipeDream text profile file (see parse_pipedream)."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ProfileError(f"{path}:0: cannot read: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{path}:0: not a text file: {e}") from e
+    return parse_pipedream(text, path=path, batch_size=batch_size)
+
+
+def _num(v: float) -> str:
+    return repr(float(v))
+
+
+def format_pipedream(profile: LayerCostProfile) -> str:
+    """PipeDream text for a LayerCostProfile: node lines in layer order, then edge lines.
+
+    The batch size is not part of the text: name the file `...-pbs-<batch_size>.txt`.
+    """
+    lines = []
+    for layer in profile.layers:
+        if "\n" in layer.description or " -- " in layer.name:
+            raise ProfileError(f"<profile>:0: layer {layer.name!r} cannot be written in PipeDream text")
+        if len(layer.output_activation_bytes):
+            act = "[" + "; ".join(_num(v) for v in layer.output_activation_bytes) + "]"
+        else:
+            act = _num(layer.activation_bytes)
+        line = (
+            f"{layer.name} -- {layer.description} -- forward_compute_time={_num(layer.forward_ms)}, "
+            f"backward_compute_time={_num(layer.backward_ms)}, activation_size={act}, "
+            f"parameter_size={_num(layer.parameter_bytes)}"
+        )
+        if layer.has_stage_id:
+            line += f" -- stage_id={layer.stage_id}"
+        lines.append(line)
+    for layer in profile.layers:
+        for src in layer.inputs:
+            lines.append(f"\t{src} -- {layer.name}")
+    return "\n".join(lines) + "\n"
+
+
+def write_pipedream(profile: LayerCostProfile, path: str) -> None:
+    """Writes format_pipedream(profile) to `path` (ProfileError on I/O failure)."""
+    text = format_pipedream(profile)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise ProfileError(f"{path}:0: cannot write: {e.strerror}") from e
+
+
+def validate_profile(profile: LayerCostProfile, path: str = "<profile>") -> LayerCostProfile:
+    """Checks names are unique, inputs exist, and layers are in topological order.
+
+    Returns the profile itself, or a re-ordered copy if the layers were not topologically
+    ordered (index fields renumbered). Raises ProfileError (`<path>:0: ...`).
+    """
+    names = [layer.name for layer in profile.layers]
+    if not names:
+        raise ProfileError(f"{path}:0: profile has no layers")
+    seen = set()
+    for layer in profile.layers:
+        if layer.name in seen:
+            raise ProfileError(f"{path}:0: layer {layer.name} appears twice")
+        seen.add(layer.name)
+    for layer in profile.layers:
+        for src in layer.inputs:
+            if src not in seen:
+                raise ProfileError(f"{path}:0: layer {layer.name} consumes unknown layer {src}")
+    if profile.batch_size < 1:
+        raise ProfileError(f"{path}:0: profile batch_size must be >= 1, got {profile.batch_size}")
+    inputs = {layer.name: list(layer.inputs) for layer in profile.layers}
+    try:
+        topo = topological_order(names, inputs)
+    except ValueError as e:
+        raise ProfileError(f"{path}:0: {e}") from None
+    if topo == names and all(layer.index == i for i, layer in enumerate(profile.layers)):
+        return profile
+    by_name = {layer.name: layer for layer in profile.layers}
+    out = LayerCostProfile()
+    out.CopyFrom(profile)
+    del out.layers[:]
+    for i, name in enumerate(topo):
+        layer = out.layers.add()
+        layer.CopyFrom(by_name[name])
+        layer.index = i
+    return out
+
+
+def load_profile(path: str, batch_size: Optional[int] = None) -> LayerCostProfile:
+    """Loads a profile in any supported format: .txt (PipeDream), .pb, .pbtxt, .json.
+
+    Protobuf files are validated (unique names, known inputs, acyclic) and put in
+    topological order. Raises ProfileError.
+    """
+    ext = os.path.splitext(path)[1].lower()
+    if ext in (".pb", ".pbtxt", ".json"):
+        try:
+            profile = read_message(path, LayerCostProfile)
+        except SchemaError as e:
+            msg = str(e)
+            if msg.startswith(path + ":") and not re.match(re.escape(path) + r":\d+:", msg):
+                msg = f"{path}:0:" + msg[len(path) + 1:]
+            raise ProfileError(msg) from None
+        if batch_size is not None:
+            profile.batch_size = batch_size
+        return validate_profile(profile, path)
+    return read_pipedream(path, batch_size=batch_size)
+
+
+@dataclasses.dataclass
+class ModelProfile:
+    """The planner's view of a profile: per-sample costs in topological order (plain lists).
+
+    forward_ms/backward_ms/activation_bytes are per sample (profile value / batch size);
+    parameter_bytes per layer; consumers[i] = indices of layers consuming layer i;
+    last_use[i] = the largest consumer index (or i when unused).
+    """
+
+    name: str
+    names: List[str]
+    descriptions: List[str]
+    forward_ms: List[float]
+    backward_ms: List[float]
+    activation_bytes: List[float]
+    parameter_bytes: List[float]
+    inputs: List[List[int]]
+    last_use: List[int]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.names)
+
+    @classmethod
+    def from_proto(cls, profile: LayerCostProfile) -> "ModelProfile":
+        profile = validate_profile(profile)
+        bs = float(profile.batch_size)
+        index = {layer.name: i for i, layer in enumerate(profile.layers)}
+        inputs = [[index[s] for s in layer.inputs] for layer in profile.layers]
+        last_use = list(range(len(inputs)))
+        for dst, srcs in enumerate(inputs):
+            for s in srcs:
+                last_use[s] = max(last_use[s], dst)
+        return cls(
+            name=profile.model_name or "model",
+            names=[layer.name for layer in profile.layers],
+            descriptions=[layer.description for layer in profile.layers],
+            forward_ms=[layer.forward_ms / bs for layer in profile.layers],
+            backward_ms=[layer.backward_ms / bs for layer in profile.layers],
+            activation_bytes=[layer.activation_bytes / bs for layer in profile.layers],
+            parameter_bytes=[layer.parameter_bytes for layer in profile.layers],
+            inputs=inputs,
+            last_use=last_use,
+        )

@@ -1,0 +1,162 @@
+"""From a plan (plan_pb2.Plan + profile + cluster) to the simulator's stage costs, with the
+planner's own cost model (planner/cost_model.py), so analytic and simulated times compare.
+
+    plan = api.plan(profile, cluster, 64)
+    result = simulate_plan(plan, profile)             # SimulationResult
+    print(compare_text(plan, result))                 # analytic vs simulated
+
+Cost terms, all from cost_model: forward/backward ms per micro-batch of the largest replica slice
+(the plan's stored values), activation/gradient transfer ms across each cut (split/concat between
+the two device sets, `transfer_ms`), full AllReduce ms and, with overlap, the part left after the
+last backward (`allreduce_tail_ms`), memory per device (`memory_bytes`: weights, gradients,
+optimizer state, plus one slice's stashed activations per in-flight micro-batch).
+
+Two things the analytic formula does not have: the optimizer step (Adam reads parameters,
+gradients, m, v and writes parameters, m, v: 7 x parameter bytes at `optimizer_bandwidth`), and
+internal bubbles of the pivot stage. Links default to one transfer at a time in both directions
+(`duplex_links=False`), as the paper's formula treats each cut as one communication stage.
+`activation_multiplier` scales stashed activations for models whose profile records only layer
+outputs (see scripts/bench_schedule_memory.py); 1.0 is what the planner assumes.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Union
+
+from planner import cost_model as cm
+from planner.profile import LayerCostProfile, ModelProfile, load_profile
+from planner.schedule import Schedule, build_schedule
+from planner.schemas import plan_pb2
+from planner.simulator import SimulationResult, StageCost, simulate
+
+V100_MEMORY_BANDWIDTH = 900e9  # bytes/s of HBM2 on a V100 (NVIDIA's data sheet)
+ADAM_BYTES_PER_PARAMETER_BYTE = 7.0  # read p, g, m, v; write p, m, v
+
+
+def model_profile(profile: Union[str, LayerCostProfile, ModelProfile]) -> ModelProfile:
+    """A ModelProfile from a path, a LayerCostProfile proto or a ModelProfile."""
+    if isinstance(profile, ModelProfile):
+        return profile
+    if isinstance(profile, str):
+        profile = load_profile(profile)
+    return ModelProfile.from_proto(profile)
+
+
+def stage_costs(
+    plan: plan_pb2.Plan,
+    profile: Union[str, LayerCostProfile, ModelProfile],
+    cluster: Optional[plan_pb2.Cluster] = None,
+    *,
+    overlap_allreduce: bool = True,
+    activation_multiplier: float = 1.0,
+    optimizer_multiplier: float = cm.DEFAULT_OPTIMIZER_MULTIPLIER,
+    overhead_ms: float = cm.PASS_OVERHEAD_MS,
+    optimizer_bandwidth: Optional[float] = V100_MEMORY_BANDWIDTH,
+) -> List[StageCost]:
+    """Per-stage costs of `plan` (cluster defaults to the plan's own)."""
+    model = model_profile(profile)
+    prefix = cm.Prefix(model)
+    cluster = cluster if cluster is not None else plan.cluster
+    if not plan.stages:
+        raise ValueError("the plan has no stages")
+    mbs = plan.micro_batch_size
+    if mbs < 1:
+        raise ValueError(f"the plan's micro-batch size must be >= 1, got {mbs}")
+    costs = []
+    bounds = []
+    for i, st in enumerate(plan.stages):
+        first, end = st.first_layer, st.last_layer + 1
+        if not (0 <= first < end <= model.num_layers):
+            raise ValueError(f"stage {i}: layers {first}..{end - 1} are outside the profile's "
+                             f"{model.num_layers} layers")
+        if bounds and first != bounds[-1][1]:
+            raise ValueError(f"stage {i} starts at layer {first}, but stage {i - 1} ends at layer {bounds[-1][1] - 1}")
+        bounds.append((first, end))
+    if bounds[-1][1] != model.num_layers or bounds[0][0] != 0:
+        raise ValueError(f"the plan's stages cover layers {bounds[0][0]}..{bounds[-1][1] - 1}, "
+                         f"not all {model.num_layers} layers of the profile")
+    for i, st in enumerate(plan.stages):
+        first, end = bounds[i]
+        devs = tuple(st.device_ids)
+        if not devs:
+            raise ValueError(f"stage {i} has no devices")
+        r = len(devs)
+        slice_samples = cm.largest_slice(mbs, r)
+        fwd = st.forward_ms or cm.stage_forward_ms(prefix, first, end, mbs, r, overhead_ms)
+        bwd = st.backward_ms or cm.stage_backward_ms(prefix, first, end, mbs, r, overhead_ms)
+        per_byte = cm.allreduce_ms_per_byte(cluster, devs) if r > 1 else 0.0
+        ar = st.allreduce_ms if st.allreduce_ms else prefix.parameter_bytes(first, end) * per_byte
+        tail = cm.allreduce_tail_ms(model, first, end, slice_samples, per_byte) if overlap_allreduce and r > 1 else ar
+        comm = 0.0
+        if i + 1 < len(plan.stages):
+            comm = cm.transfer_ms(cluster, devs, tuple(plan.stages[i + 1].device_ids), prefix.cut[end], mbs)
+        params = prefix.parameter_bytes(first, end)
+        optimizer_ms = 0.0
+        if optimizer_bandwidth:
+            optimizer_ms = 1e3 * ADAM_BYTES_PER_PARAMETER_BYTE * params / optimizer_bandwidth
+        costs.append(StageCost(
+            forward_ms=fwd,
+            backward_ms=bwd,
+            devices=devs,
+            forward_transfer_ms=comm,
+            allreduce_ms=ar,
+            allreduce_tail_ms=min(tail, ar),
+            optimizer_ms=optimizer_ms,
+            static_bytes=cm.memory_bytes(prefix, first, end, slice_samples, 0, optimizer_multiplier),
+            activation_bytes=activation_multiplier * slice_samples * prefix.activation_per_sample(first, end),
+        ))
+    return costs
+
+
+def plan_schedule(plan: plan_pb2.Plan, schedule: Optional[str] = None, policy: Optional[str] = None,
+                  max_in_flight: Optional[int] = None) -> Schedule:
+    """The plan's schedule; `schedule`/`policy` override it (`policy` alone implies dapple).
+
+    Without overrides: GPIPE plans run gpipe; DAPPLE plans run the plan's K_i
+    (`warmup_micro_batches`), or its policy if the K_i are not set.
+    """
+    s, m = len(plan.stages), plan.num_micro_batches
+    kind = schedule or ("gpipe" if plan.schedule == plan_pb2.GPIPE and policy is None else "dapple")
+    if kind == "gpipe":
+        return build_schedule(s, m, "gpipe")
+    if policy is None and kind == schedule and plan.schedule == plan_pb2.GPIPE:
+        policy = "A"
+    if policy is None:
+        ks = [st.warmup_micro_batches for st in plan.stages]
+        if all(k > 0 for k in ks) and plan.policy != plan_pb2.POLICY_UNSPECIFIED:
+            return build_schedule(s, m, "dapple", warmup=[min(k, m) for k in ks])
+        policy = "B" if plan.policy == plan_pb2.POLICY_B else "A"
+    return build_schedule(s, m, kind, policy=policy, max_in_flight=max_in_flight)
+
+
+def simulate_plan(
+    plan: plan_pb2.Plan,
+    profile: Union[str, LayerCostProfile, ModelProfile],
+    cluster: Optional[plan_pb2.Cluster] = None,
+    schedule: Optional[str] = None,
+    policy: Optional[str] = None,
+    *,
+    overlap_allreduce: bool = True,
+    duplex_links: bool = False,
+    activation_multiplier: float = 1.0,
+    max_in_flight: Optional[int] = None,
+    optimizer_bandwidth: Optional[float] = V100_MEMORY_BANDWIDTH,
+) -> SimulationResult:
+    """Simulates one iteration of `plan` (see the module docstring for the cost terms)."""
+    cluster = cluster if cluster is not None else plan.cluster
+    costs = stage_costs(plan, profile, cluster, overlap_allreduce=overlap_allreduce,
+                        activation_multiplier=activation_multiplier, optimizer_bandwidth=optimizer_bandwidth)
+    sched = plan_schedule(plan, schedule, policy, max_in_flight)
+    return simulate(costs, sched, micro_batch_size=plan.micro_batch_size, overlap_allreduce=overlap_allreduce,
+                    duplex_links=duplex_links, device_memory_bytes=cluster.device_memory_bytes or None)
+
+
+def relative_difference(plan: plan_pb2.Plan, result: SimulationResult) -> float:
+    """(simulated - analytic) / analytic iteration time."""
+    return (result.iteration_ms - plan.estimated_iteration_ms) / plan.estimated_iteration_ms
+
+
+def compare_text(plan: plan_pb2.Plan, result: SimulationResult) -> str:
+    """One line: analytic vs simulated iteration time."""
+    return (f"analytic {plan.estimated_iteration_ms:.2f} ms, simulated {result.iteration_ms:.2f} ms "
+            f"({relative_difference(plan, result):+.1%})")

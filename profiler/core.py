@@ -1,0 +1,187 @@
+"""Profiles a model marked with dapple_tf.layer, layer by layer, on one local device.
+
+Method. The model is built once, at the profile batch size, on the requested device, inside a fresh
+LayerRecorder. One run of the whole forward pass (fed synthetic or given inputs) records the value
+of every tensor that crosses a layer boundary. Then, for each layer i:
+- forward: `sess.run([ops producing outputs_i], feed_dict={inputs_i: recorded values})`. TF1 sessions prune
+  the graph at fed tensors, so this runs exactly layer i's ops; nothing is fetched back.
+- backward: `tf.gradients(float outputs_i, differentiable inputs_i + variables_i, grad_ys=random)`,
+  stopped at the layer's inputs (`stop_gradients`), run with every forward tensor of layer i the gradient ops read (and the inputs) fed with recorded
+  values, so only gradient ops run (no forward recomputation). Inputs count as differentiable only if
+  a gradient reaches them in a real training step: they are floats computed from a trainable
+  variable (gradients for feature inputs, or an attention mask computed from them, are never
+  computed by `optimizer.minimize` either).
+Each timing is `warmup` untimed runs, then the median of `runs` timed runs, minus the median time of
+a session run of a no-op (the per-run dispatch cost every timed run pays once; clamped at 0), so that
+the sum of a profile's forward+backward times estimates one training step's compute.
+Sizes are exact: activation bytes = bytes of every tensor leaving the layer (recorded values);
+parameter bytes = shape x dtype size of the layer's trainable variables.
+"""
+
+import os
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from dapple_tf.layers import LayerRecorder
+from planner.schemas import layer_cost_pb2
+from profiler.analysis import analyze_layers, tensor_bytes
+from profiler.timing import median_run_ms, session_overhead_ms
+
+
+def session_config(device: str) -> tf.compat.v1.ConfigProto:
+    """A ConfigProto with enough virtual CPU devices for `device` (CPU:k needs k + 1)."""
+    spec = tf.DeviceSpec.from_string(device)
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=False)
+    if (spec.device_type or "").upper() == "CPU":
+        config.device_count["CPU"] = (spec.device_index or 0) + 1
+    return config
+
+
+def _check_device(sess, device):
+    spec = tf.DeviceSpec.from_string(device)
+    if not spec.device_type:
+        raise ValueError(f"device {device!r} names no device type; use e.g. /device:CPU:0")
+    wanted = (spec.device_type.upper(), spec.device_index or 0)
+    for d in sess.list_devices():
+        ds = tf.DeviceSpec.from_string(d.name)
+        if (ds.device_type.upper(), ds.device_index) == wanted:
+            return d
+    names = ", ".join(tf.DeviceSpec.from_string(d.name).to_string().split("/")[-1] for d in sess.list_devices())
+    raise ValueError(f"device {device!r} is not available here; available: {names}")
+
+
+def _device_description(device_attrs, device):
+    spec = tf.DeviceSpec.from_string(device)
+    kind = spec.device_type.upper()
+    memory = float(device_attrs.memory_limit_bytes) if kind != "CPU" else 0.0
+    if kind == "CPU" and hasattr(os, "sysconf"):
+        try:
+            memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError):
+            pass
+    name = f"/device:{kind}:{spec.device_index or 0}"
+    return layer_cost_pb2.DeviceDescription(name=name, kind=kind, memory_bytes=memory)
+
+
+def _variable_dependent_ops(graph):
+    """Names of the ops whose outputs depend on a trainable variable (a training step's gradient reaches them)."""
+    handles = {v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+    dependent = set(handles)
+    for op in graph.get_operations():  # creation order is a topological order
+        if any(t.op.name in dependent for t in op.inputs):
+            dependent.add(op.name)
+    return dependent
+
+
+def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch_size: int,
+                  device: str = "/device:CPU:0", warmup: int = 2, runs: int = 5, model_name: str = "model",
+                  progress: Optional[Callable] = None, seed: int = 0) -> layer_cost_pb2.LayerCostProfile:
+    """Measures `model_fn(features, labels) -> loss` layer by layer; returns a LayerCostProfile.
+
+    `make_inputs()` makes the (features, labels) tensors (placeholders) of batch `batch_size`;
+    `input_values` are numpy values of the same structure. `progress(i, n, layer_cost)` is called
+    after each layer (i from 1). Raises LayerMarkerError (a ValueError) for a model that breaks the
+    marker contract and ValueError for an unavailable device.
+    """
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(device):
+        tf.compat.v1.set_random_seed(seed)
+        features, labels = make_inputs()
+        first_model_op = len(graph.get_operations())
+        recorder = LayerRecorder(graph)
+        with recorder.activate():
+            loss = model_fn(features, labels)
+        if not isinstance(loss, tf.Tensor):
+            raise ValueError(f"model_fn must return the loss tensor, got {type(loss).__name__}")
+        input_tensors = tf.nest.flatten((features, labels))
+        infos = analyze_layers(recorder, loss, graph.get_operations()[first_model_op:], input_tensors)
+        backward = _build_backward(infos)
+        init = tf.compat.v1.global_variables_initializer()
+    base_feed = dict(zip(input_tensors, tf.nest.flatten(input_values)))
+
+    profile = layer_cost_pb2.LayerCostProfile(model_name=model_name, batch_size=batch_size,
+                                              source=f"dapple_tf profiler, {warmup} warm-up + median of {runs} runs")
+    with tf.compat.v1.Session(graph=graph, config=session_config(device)) as sess:
+        attrs = _check_device(sess, device)
+        profile.device.CopyFrom(_device_description(attrs, device))
+        sess.run(init)
+        overhead = session_overhead_ms(sess, graph, device)
+        boundary = {t.name: t for info in infos for t in info.inputs + info.outputs}
+        names = sorted(boundary)
+        values = dict(zip(names, sess.run([boundary[n] for n in names], feed_dict=base_feed)))
+        rng = np.random.default_rng(seed)
+        for info, bwd in zip(infos, backward):
+            feed = {t: values[t.name] for t in info.inputs}
+            fwd_target = sorted({t.op for t in info.outputs}, key=lambda op: op.name)  # run, not fetched
+            fwd_ms = median_run_ms(sess, fwd_target, feed, warmup, runs) - overhead if fwd_target else 0.0
+            bwd_ms = 0.0
+            if bwd is not None:
+                target, fed_forward, grad_ys = bwd
+                bwd_feed = dict(zip(fed_forward, sess.run(fed_forward, feed_dict=feed))) if fed_forward else {}
+                bwd_feed.update(feed)
+                for ph, out in grad_ys:
+                    bwd_feed[ph] = (rng.standard_normal(values[out.name].shape) * 1e-3).astype(ph.dtype.as_numpy_dtype)
+                bwd_ms = median_run_ms(sess, target, bwd_feed, warmup, runs) - overhead
+            layer = profile.layers.add(
+                name=info.name, index=info.index, description=_describe(info),
+                forward_ms=max(fwd_ms, 0.0), backward_ms=max(bwd_ms, 0.0),
+                activation_bytes=float(sum(values[t.name].nbytes for t in info.outputs)),
+                parameter_bytes=float(sum(tensor_bytes(v) for v in info.variables)),
+                inputs=[infos[j].name for j in info.input_layers])
+            if len(info.outputs) > 1:
+                layer.output_activation_bytes.extend(float(values[t.name].nbytes) for t in info.outputs)
+            if progress:
+                progress(info.index + 1, len(infos), layer)
+    return profile
+
+
+def _build_backward(infos):
+    """Per layer: (gradient target op, forward tensors to feed, [(grad_ys placeholder, output)]) or None."""
+    graph = tf.compat.v1.get_default_graph()
+    dependent = _variable_dependent_ops(graph)
+    result = []
+    for info in infos:
+        xs = [t for t in info.inputs if t.dtype.is_floating and t.op.name in dependent]
+        xs += info.variables
+        ys = [t for t in info.outputs if t.dtype.is_floating]
+        if not xs or not ys:
+            result.append(None)
+            continue
+        first = len(graph.get_operations())
+        with tf.name_scope(f"profiler_backward/{info.name}"):
+            grad_ys = []
+            for y in ys:
+                if y.shape.ndims == 0 and info is infos[-1]:
+                    grad_ys.append(None)  # the loss: d loss / d loss = 1
+                else:
+                    grad_ys.append(tf.compat.v1.placeholder(y.dtype, y.shape, name="grad_y"))
+            # stop at the layer's inputs: the gradient must not flow on into earlier layers
+            grads = tf.gradients(ys, xs, grad_ys=grad_ys, stop_gradients=list(info.inputs))
+            grads = [g for g in grads if g is not None]
+            if not grads:
+                result.append(None)
+                continue
+            target = sorted({g.op if isinstance(g, tf.Tensor) else g.values.op for g in grads}, key=lambda op: op.name)
+        new_ops = {op.name for op in graph.get_operations()[first:]}
+        own = {op.name for op in info.ops} | {t.op.name for t in info.inputs}
+        input_names = {t.name for t in info.inputs}
+        fed = {}
+        for op in graph.get_operations()[first:]:
+            for t in op.inputs:
+                if (t.op.name not in new_ops and t.op.name in own and t.name not in input_names
+                        and t.dtype != tf.resource and t.dtype != tf.variant and graph.is_feedable(t)):
+                    fed[t.name] = t
+        pairs = [(ph, y) for ph, y in zip(grad_ys, ys) if ph is not None]
+        result.append((target, [fed[n] for n in sorted(fed)], pairs))
+    return result
+
+
+def _describe(info):
+    kinds = sorted({op.type for op in info.ops if op.type in _HEAVY})
+    return f"{info.name} ({', '.join(kinds) or 'elementwise'}; {len(info.ops)} ops)"
+
+
+_HEAVY = {"MatMul", "BatchMatMulV2", "Conv2D", "MaxPool", "AvgPool", "GatherV2", "ResourceGather",
+          "Softmax", "SparseSoftmaxCrossEntropyWithLogits", "Tanh", "Sigmoid", "Relu", "Mean"}

@@ -1,0 +1,58 @@
+"""Runs a model single-device and pipelined from the same initial values, for comparisons."""
+
+import numpy as np
+import tensorflow as tf
+
+import dapple_tf
+
+SESSION_CONFIG = tf.compat.v1.ConfigProto(device_count={"CPU": 8})
+
+
+def cpu(i):
+    return f"/device:CPU:{i}"
+
+
+def train_single(model_fn, x, y, make_optimizer, steps):
+    """Full-batch training on one device: (first-step gradients by name, final weights by name, losses)."""
+    with tf.Graph().as_default():
+        loss = model_fn(tf.constant(x), tf.constant(y))
+        variables = tf.compat.v1.trainable_variables()
+        grads = tf.gradients(loss, variables)
+        train_op = make_optimizer().apply_gradients(list(zip(grads, variables)))
+        with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            first_grads = dict(zip([v.op.name for v in variables], sess.run(grads)))
+            losses = []
+            for _ in range(steps):
+                losses.append(sess.run([loss, train_op])[0])
+            weights = dict(zip([v.op.name for v in variables], sess.run(variables)))
+    return first_grads, weights, losses
+
+
+def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_metadata=None):
+    """The same through build_pipeline; also returns the handle and every variable copy's value."""
+    with tf.Graph().as_default():
+        handle = dapple_tf.build_pipeline(
+            model_fn, tf.constant(x), tf.constant(y), make_optimizer(), plan, schedule=schedule
+        )
+        grads = [g for g, _ in handle.grads_and_vars]
+        names = [v.op.name for _, v in handle.grads_and_vars]
+        with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
+            sess.run(handle.initializer)
+            first_grads = dict(zip(names, sess.run(grads)))
+            losses = []
+            for step in range(steps):
+                options = None
+                if run_metadata is not None and step == steps - 1:
+                    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+                losses.append(sess.run([handle.loss, handle.train_op], options=options, run_metadata=run_metadata)[0])
+            weights = dict(zip(names, sess.run([v for _, v in handle.grads_and_vars])))
+            local = tf.compat.v1.local_variables()
+            copies = dict(zip([v.op.name for v in local], sess.run(local)))
+    return first_grads, weights, losses, handle, copies
+
+
+def assert_close_dicts(expected, actual, rtol=1e-5, atol=1e-6):
+    assert sorted(expected) == sorted(actual)
+    for name in expected:
+        np.testing.assert_allclose(actual[name], expected[name], rtol=rtol, atol=atol, err_msg=name)

@@ -1,0 +1,66 @@
+"""Pipelined training equals single-device full-batch training (gradients, and weights after 3 steps)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dapple_tf
+from tests import toy_models
+from tests.pipeline_harness import assert_close_dicts, cpu, train_pipelined, train_single
+
+STEPS = 3
+
+# (name, stages as (first, last, devices), M, global batch)
+PLANS = [
+    ("1 stage, M=4 (accumulation)", [("dense0", "head", [cpu(0)])], 4, 16),
+    ("2 straight stages", [(0, 1, [cpu(0)]), (2, 4, [cpu(1)])], 4, 16),
+    ("4 straight stages", [(0, 0, [cpu(0)]), (1, 1, [cpu(1)]), (2, 2, [cpu(2)]), (3, 4, [cpu(3)])], 4, 16),
+    ("2:1", [(0, 1, [cpu(0), cpu(1)]), (2, 4, [cpu(2)])], 2, 16),
+    ("1:2", [(0, 2, [cpu(0)]), (3, 4, [cpu(1), cpu(2)])], 2, 16),
+    ("2:2", [(0, 1, [cpu(0), cpu(1)]), (2, 4, [cpu(2), cpu(3)])], 4, 16),
+    ("3:1, micro-batch 4", [(0, 2, [cpu(0), cpu(1), cpu(2)]), (3, 4, [cpu(3)])], 4, 16),
+    ("3 stages 2:1:3, uneven", [(0, 0, [cpu(0), cpu(1)]), (1, 2, [cpu(2)]), (3, 4, [cpu(3), cpu(4), cpu(5)])], 2, 14),
+    ("data parallel on 4", [(0, 4, [cpu(0), cpu(1), cpu(2), cpu(3)])], 2, 16),
+]
+
+
+def adam():
+    return tf.compat.v1.train.AdamOptimizer(0.05)
+
+
+@pytest.fixture(scope="module")
+def values():
+    return toy_models.initial_values()
+
+
+@pytest.mark.parametrize("schedule", ["dapple", "gpipe"])
+@pytest.mark.parametrize("name,stages,m,n", PLANS, ids=[p[0] for p in PLANS])
+def test_matches_single_device(values, name, stages, m, n, schedule):
+    x, y = toy_models.batch(n)
+    model_fn = toy_models.skip_model_fn(values)
+    want_grads, want_weights, want_losses = train_single(model_fn, x, y, adam, STEPS)
+    plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=m)
+    grads, weights, losses, handle, copies = train_pipelined(model_fn, x, y, adam, plan, schedule, STEPS)
+    assert_close_dicts(want_grads, grads)
+    assert_close_dicts(want_weights, weights)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+    # Every variable copy on another replica (and its Adam slots) equals the user's variable.
+    for copy_name, value in copies.items():
+        base = copy_name.split("/dapple_copy")[0]
+        if copy_name.endswith("dapple_copy"):
+            np.testing.assert_allclose(value, weights[base], rtol=1e-6, atol=1e-7, err_msg=copy_name)
+    if any(len(devices) > 1 for _, _, devices in stages):
+        assert any(k.endswith("dapple_copy") for k in copies), sorted(copies)
+    assert handle.schedule.kind == schedule
+    assert handle.micro_batch_size == n // m
+
+
+def test_uneven_slices_are_weighted_by_size(values):
+    """3 replicas of a 4-sample micro-batch get 2, 1, 1 samples; the mean is still exact."""
+    x, y = toy_models.batch(8)
+    model_fn = toy_models.skip_model_fn(values)
+    want_grads, _, want_losses = train_single(model_fn, x, y, adam, 1)
+    plan = dapple_tf.Plan.from_stages([(0, 4, [cpu(0), cpu(1), cpu(2)])], num_micro_batches=2)
+    grads, _, losses, _, _ = train_pipelined(model_fn, x, y, adam, plan, "dapple", 1)
+    assert_close_dicts(want_grads, grads)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-6)

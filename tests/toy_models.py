@@ -1,0 +1,47 @@
+"""Small models for runtime tests: plain TF ops, deterministic initial values, a skip connection."""
+
+import numpy as np
+import tensorflow as tf
+
+import dapple_tf
+
+IN, HIDDEN, CLASSES = 6, 8, 3
+LAYERS = ["dense0", "dense1", "dense2", "dense3", "head"]
+
+
+def initial_values(seed=0):
+    rng = np.random.RandomState(seed)
+    shapes = {
+        "w0": (IN, HIDDEN), "b0": (HIDDEN,), "w1": (HIDDEN, HIDDEN), "b1": (HIDDEN,),
+        "w2": (HIDDEN, HIDDEN), "w3": (HIDDEN, HIDDEN), "skip": (HIDDEN, HIDDEN), "b3": (HIDDEN,),
+        "wo": (HIDDEN, CLASSES),
+    }
+    return {k: (rng.randn(*s) * 0.5).astype(np.float32) for k, s in shapes.items()}
+
+
+def skip_model_fn(values):
+    """A 5-layer model; dense3 also reads dense0's output (a skip over two boundaries in 4 stages)."""
+
+    def var(name):
+        return tf.compat.v1.get_variable(name, initializer=tf.constant(values[name]), use_resource=True)
+
+    def model_fn(features, labels):
+        with dapple_tf.layer("dense0"):
+            h0 = tf.tanh(tf.matmul(features, var("w0")) + var("b0"))
+        with dapple_tf.layer("dense1"):
+            h1 = tf.tanh(tf.matmul(h0, var("w1")) + var("b1"))
+        with dapple_tf.layer("dense2"):
+            h2 = tf.tanh(tf.matmul(h1, var("w2")))
+        with dapple_tf.layer("dense3"):
+            h3 = tf.tanh(tf.matmul(h2, var("w3")) + tf.matmul(h0, var("skip")) + var("b3"))
+        with dapple_tf.layer("head"):
+            logits = tf.matmul(h3, var("wo"))
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        return loss
+
+    return model_fn
+
+
+def batch(n, seed=1):
+    rng = np.random.RandomState(seed)
+    return rng.randn(n, IN).astype(np.float32), rng.randint(0, CLASSES, size=n).astype(np.int32)
