@@ -2,35 +2,30 @@
 
 TF collective ops (`collective_ops.all_reduce`): NCCL on GPUs, ring on CPUs (virtual CPU
 devices included). Gradients of one device set and dtype are flattened into one buffer, reduced
-once, and cut back into shapes. Group and instance keys come from a per-graph `CollectiveKeys`.
+once, and cut back into shapes.
 """
 
+import zlib
 from typing import Dict, List, Sequence
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
-_KEYS_COLLECTION = "dapple_tf.collective_keys"
-
 
 class CollectiveKeys:
-    """Group keys (one per device set) and fresh instance keys, unique within one graph."""
+    """Keys for the collectives of one build_pipeline call.
 
-    def __init__(self):
-        self._groups: Dict[tuple, int] = {}
-        self._next_instance = 1
+    A group key names a device set (the same set always gets the same key: a CRC of the names);
+    instance keys start at the graph's operation count when the build began, so builds in one
+    graph never share one (each build adds more operations than it uses instance keys).
+    """
+
+    def __init__(self, graph: tf.Graph):
+        self._next_instance = len(graph.get_operations()) + 1
 
     @staticmethod
-    def of_graph(graph: tf.Graph) -> "CollectiveKeys":
-        found = graph.get_collection(_KEYS_COLLECTION)
-        if found:
-            return found[0]
-        keys = CollectiveKeys()
-        graph.add_to_collection(_KEYS_COLLECTION, keys)
-        return keys
-
-    def group_key(self, devices: Sequence[str]) -> int:
-        return self._groups.setdefault(tuple(devices), len(self._groups) + 1)
+    def group_key(devices: Sequence[str]) -> int:
+        return zlib.crc32(",".join(devices).encode()) & 0x7FFFFFFF or 1
 
     def instance_key(self) -> int:
         self._next_instance += 1

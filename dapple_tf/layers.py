@@ -11,10 +11,13 @@ import dataclasses
 from typing import Callable, List, Optional
 
 import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
 
 from dapple_tf.errors import LayerMarkerError
 
 _RECORDER_COLLECTION = "dapple_tf.layer_recorder"
+# Recorders are Python objects: leave them out of exported meta graphs (Saver.save) quietly.
+tf_ops.register_proto_function(_RECORDER_COLLECTION, to_proto=lambda item, export_scope=None: None)
 
 
 @dataclasses.dataclass

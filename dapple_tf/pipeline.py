@@ -126,6 +126,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule="dapple
     sched = plan.schedule(schedule)
     trainable = set(tf.compat.v1.trainable_variables())
 
+    keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
     builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable)
     builder.build_forward()
@@ -135,7 +136,6 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule="dapple
     with tf.device(stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
 
-    keys = collectives.CollectiveKeys.of_graph(graph)
     grads_and_vars, apply_pairs = _reduce_gradients(builder.accumulated, copies, keys)
     train_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
     slot_pairs = copies.localize_slots(optimizer)
