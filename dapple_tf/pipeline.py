@@ -107,7 +107,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule="dapple
     )
     _check_devices(plan.devices)
     graph = tf.compat.v1.get_default_graph()
-    inputs = [tf.convert_to_tensor(t) for t in tf.nest.flatten((features, labels))]
+    inputs = [tf.convert_to_tensor(t) for t in tf.nest.flatten((features, labels)) if t is not None]
     if not inputs:
         raise DappleError("build_pipeline needs at least one feature or label tensor")
 

@@ -167,3 +167,14 @@ def test_plan_file_round_trip_builds(tmp_path):
     handle = build(stages=[(s.first_layer, s.last_layer, list(s.devices)) for s in plan.stages])
     assert [s.replication for s in handle.stages] == [2, 1]
     assert handle.micro_batch_size == 4
+
+
+def test_warmup_counts_that_deadlock_are_refused():
+    x, y = toy_models.batch(N)
+    plan = dapple_tf.Plan.from_stages([(0, 1, [cpu(0)]), (2, 4, [cpu(1)])], num_micro_batches=2, warmup=[1, 2])
+    with tf.Graph().as_default():
+        with pytest.raises(PlanError, match="schedule deadlocks: stage 0 waits at B0; stage 1 waits at F1"):
+            dapple_tf.build_pipeline(
+                toy_models.skip_model_fn(toy_models.initial_values()),
+                tf.constant(x), tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+            )
