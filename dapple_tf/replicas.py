@@ -29,9 +29,9 @@ class VariableCopies:
     def handle_for(self, variable: tf.Variable, device: str) -> tf.Tensor:
         """The resource handle of `variable`'s copy on `device`, created on first use."""
         copies = self._copies.setdefault(variable, {})
-        home = canonical_device(variable.device) if variable.device else None
-        if home is not None and home not in copies:
-            copies[home] = variable
+        if not copies:
+            # The user's variable, under its own device ("" if unplaced: then every reader gets a copy).
+            copies[canonical_device(variable.device) if variable.device else ""] = variable
         if device not in copies:
             with tf.device(device), tf.control_dependencies(None):
                 copies[device] = tf.compat.v1.Variable(
@@ -44,7 +44,7 @@ class VariableCopies:
         return copies[device].handle
 
     def copies_of(self, variable: tf.Variable) -> Dict[str, tf.Variable]:
-        """Device -> copy (the user's variable included, under its own device)."""
+        """Device -> copy (the user's variable included, under its own device, "" if unplaced)."""
         return dict(self._copies.get(variable, {}))
 
     def extra_copies(self) -> List[Tuple[tf.Variable, tf.Variable]]:

@@ -64,3 +64,24 @@ def test_uneven_slices_are_weighted_by_size(values):
     grads, _, losses, _, _ = train_pipelined(model_fn, x, y, adam, plan, "dapple", 1)
     assert_close_dicts(want_grads, grads)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "stages",
+    [
+        [(0, 1, [cpu(0), cpu(1)]), (2, 2, [cpu(2)])],
+        [(0, 0, [cpu(0)]), (1, 2, [cpu(1), cpu(2), cpu(3)])],
+    ],
+    ids=["2:1", "1:3"],
+)
+def test_tied_and_unplaced_variables(values, stages):
+    """A variable read by two stages is reduced across all its holders; an unplaced one is updated too."""
+    x, y = toy_models.batch(12)
+    model_fn = toy_models.tied_model_fn(values)
+    want_grads, want_weights, _ = train_single(model_fn, x, y, adam, STEPS)
+    assert set(want_grads) == {"scale", "w0", "w1"}
+    plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=2)
+    grads, weights, _, _, copies = train_pipelined(model_fn, x, y, adam, plan, "dapple", STEPS)
+    assert_close_dicts(want_grads, grads)
+    assert_close_dicts(want_weights, weights)
+    assert {"w0/dapple_copy", "scale/dapple_copy"} <= {k.rstrip("_0123456789") for k in copies}

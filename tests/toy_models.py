@@ -45,3 +45,21 @@ def skip_model_fn(values):
 def batch(n, seed=1):
     rng = np.random.RandomState(seed)
     return rng.randn(n, IN).astype(np.float32), rng.randint(0, CLASSES, size=n).astype(np.int32)
+
+
+def tied_model_fn(values):
+    """Weights shared across stages: dense0's matrix is also the output projection (tied), and a
+    scale variable is created outside any layer, on no device."""
+
+    def model_fn(features, labels):
+        scale = tf.compat.v1.get_variable("scale", initializer=tf.constant(1.5))
+        with dapple_tf.layer("dense0"):
+            w0 = tf.compat.v1.get_variable("w0", initializer=tf.constant(values["w0"]))
+            h0 = tf.tanh(tf.matmul(features, w0) * scale)
+        with dapple_tf.layer("dense1"):
+            h1 = tf.tanh(tf.matmul(h0, tf.compat.v1.get_variable("w1", initializer=tf.constant(values["w1"]))))
+        with dapple_tf.layer("head"):
+            logits = tf.matmul(h1, w0, transpose_b=True)  # [batch, IN] logits; labels < CLASSES <= IN
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+    return model_fn
