@@ -107,18 +107,22 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule="dapple
     )
     _check_devices(plan.devices)
     graph = tf.compat.v1.get_default_graph()
-    inputs = [tf.convert_to_tensor(t) for t in tf.nest.flatten((features, labels)) if t is not None]
-    if not inputs:
+    structure = (features, labels)
+    real_inputs = [tf.convert_to_tensor(t) for t in tf.nest.flatten(structure)]
+    if not real_inputs:
         raise DappleError("build_pipeline needs at least one feature or label tensor")
+    placeholders, _ = template_lib.template_inputs(real_inputs)
+    template_features, template_labels = tf.nest.pack_sequence_as(structure, placeholders)
 
     recorder = LayerRecorder(graph, device_for_layer=_LayerPlacer(plan))
     with recorder.activate():
-        loss = model_fn(features, labels)
+        loss = model_fn(template_features, template_labels)
     if not recorder.layers:
         raise LayerMarkerError("model_fn marked no layers; wrap each layer in `with dapple_tf.layer(name):`")
     loss = tf.convert_to_tensor(loss)
     stages = plan.resolve(recorder.names)
     variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
+    inputs = {p.name: t for p, t in zip(placeholders, real_inputs)}
     template = template_lib.analyze(loss, inputs, recorder.layers, stages, variables)
     micro_size = microbatch.micro_batch_size(
         template.global_batch_size, plan.num_micro_batches, [s.replication for s in stages]

@@ -15,9 +15,9 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import microbatch, tasks
+from dapple_tf import graph_defs as graph_defs_lib, microbatch, tasks
 from dapple_tf.replicas import VariableCopies
-from dapple_tf.template import BOUNDARY, EXTERNAL, INPUT, VARIABLE, Template, stage_graph_defs
+from dapple_tf.template import BOUNDARY, EXTERNAL, INPUT, VARIABLE, Template
 from planner.schedule import BACKWARD, FORWARD, Schedule, Task
 
 
@@ -67,9 +67,9 @@ class StageBuilder:
         per_micro = []
         for m in range(self.num_micro_batches):
             slices = {}
-            for t in self.template.inputs:
+            for name, t in self.template.inputs.items():
                 with tf.device(t.device or None), tf.name_scope(f"dapple/inputs/mb{m}"):
-                    slices[t.name] = t[m * b : (m + 1) * b]
+                    slices[name] = t[m * b : (m + 1) * b]
             per_micro.append(slices)
         return per_micro
 
@@ -80,7 +80,7 @@ class StageBuilder:
                 if ext.kind == VARIABLE:
                     for device in stage.stage.devices:
                         self.copies.handle_for(self.template.variable_of_handle[ext.tensor.name], device)
-        graph_defs = stage_graph_defs(self.graph, self.template.stages)
+        graph_defs = graph_defs_lib.stage_graph_defs(self.graph, [st.ops for st in self.template.stages])
         micro_inputs = self._micro_batch_inputs()
         n = self.template.global_batch_size
         for m in range(self.num_micro_batches):
@@ -93,8 +93,9 @@ class StageBuilder:
                         for ext in stage.externals:
                             feed[ext.tensor.name] = self._feed(ext, m, j, start, sizes[j], micro_inputs[m], device)
                         wanted = [t.name for t in stage.outputs] + ([stage.loss.name] if stage.loss is not None else [])
+                        graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}")
                         results = tf.compat.v1.import_graph_def(
-                            graph_defs[s], input_map=feed, return_elements=wanted, name=f"dapple/stage{s}/mb{m}/r{j}"
+                            graph_def, input_map=feed, return_elements=wanted, name=f"dapple/stage{s}/mb{m}/r{j}"
                         )
                     clone = _Clone(inputs=feed, outputs=dict(zip(wanted, results)))
                     if stage.loss is not None:
@@ -162,6 +163,7 @@ class StageBuilder:
             if grad is None:
                 continue
             grad = tf.convert_to_tensor(grad)  # IndexedSlices (gathers) become dense
+            grad.set_shape(variable.shape)  # gradients through control flow may lose it
             key = (variable, device)
             self.accumulated[key] = grad if key not in self.accumulated else self.accumulated[key] + grad
 
@@ -195,6 +197,7 @@ class StageBuilder:
 
     # -- schedule --------------------------------------------------------------------------
     def chain(self, schedule: Schedule) -> None:
+        self.task_ops.release_forward_inputs()
         for s, stage in enumerate(self.template.stages):
             for j, device in enumerate(stage.stage.devices):
                 tasks.chain(self.task_ops, schedule.stage_tasks[s], j, device)

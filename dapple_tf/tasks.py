@@ -12,7 +12,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from planner.schedule import Task
+from planner.schedule import FORWARD, Task
 
 TaskKey = Tuple[Task, int]  # (task, replica)
 
@@ -29,6 +29,29 @@ class TaskOps:
         first = len(self.graph.get_operations())
         yield
         self.ops.setdefault((task, replica), []).extend(self.graph.get_operations()[first:])
+
+    def release_forward_inputs(self) -> None:
+        """Takes out of backward tasks the operations that feed a forward task.
+
+        Gradients of functional control flow (tf.while_loop) add inputs to the forward op (e.g.
+        empty accumulators): created while the backward task was built, they must not wait for
+        it, or the forward and backward tasks would wait for each other.
+        """
+        forward = {op for (task, _), ops in self.ops.items() if task.kind == FORWARD for op in ops}
+        for key, ops in self.ops.items():
+            if key[0].kind == FORWARD:
+                continue
+            own = set(ops)
+            stack = [op for op in ops if any(c in forward for t in op.outputs for c in t.consumers())]
+            released = set()
+            while stack:
+                op = stack.pop()
+                if op in released:
+                    continue
+                released.add(op)
+                stack.extend(t.op for t in op.inputs if t.op in own)
+            if released:
+                self.ops[key] = [op for op in ops if op not in released]
 
     def names(self) -> Dict[TaskKey, Tuple[str, ...]]:
         return {key: tuple(op.name for op in ops) for key, ops in self.ops.items()}

@@ -1,4 +1,8 @@
-"""The template: the user's model built once on the global batch, cut into stages.
+"""The template: the user's model built once, on inputs of unknown batch size, cut into stages.
+
+model_fn is called on placeholders shaped like the global batch but with an unknown leading
+dimension (`template_inputs`), so that nothing in the template (shapes inside tf.cond/while
+bodies included) is specialised to one batch size: its clones run on any slice.
 
 `analyze` finds, from the loss backwards, the operations each stage must run per micro-batch,
 and classifies every tensor a stage consumes from outside itself:
@@ -11,7 +15,7 @@ Nothing here runs the graph.
 """
 
 import dataclasses
-from typing import Dict, List, Sequence, Set
+from typing import Dict, List, Sequence, Set, Tuple
 
 import tensorflow as tf
 
@@ -48,7 +52,7 @@ class StageTemplate:
 @dataclasses.dataclass
 class Template:
     stages: List[StageTemplate]
-    inputs: List[tf.Tensor]
+    inputs: Dict[str, tf.Tensor]  # template placeholder name -> the global-batch tensor it stands for
     global_batch_size: int
     variable_of_handle: Dict[str, tf.Variable]  # handle tensor name -> variable
 
@@ -78,24 +82,39 @@ def _global_batch_size(inputs: Sequence[tf.Tensor]) -> int:
     return sizes.pop()
 
 
+def template_inputs(real_inputs: Sequence[tf.Tensor]) -> Tuple[List[tf.Tensor], int]:
+    """Placeholders like `real_inputs` with an unknown batch dimension, and the global batch size."""
+    batch = _global_batch_size(real_inputs)
+    with tf.name_scope("dapple/template_inputs"):
+        placeholders = [
+            tf.compat.v1.placeholder(t.dtype, [None] + t.shape.as_list()[1:], name=t.op.name.replace("/", "_"))
+            for t in real_inputs
+        ]
+    return placeholders, batch
+
+
 def analyze(
     loss: tf.Tensor,
-    inputs: Sequence[tf.Tensor],
+    inputs: Dict[str, tf.Tensor],
     layers: Sequence[LayerRecord],
     stages: Sequence[ResolvedStage],
     variables: Sequence[tf.Variable],
 ) -> Template:
-    """Cuts the template graph that computes `loss` from `inputs` into `stages`."""
+    """Cuts the template graph that computes `loss` from the placeholders into `stages`.
+
+    `inputs` maps each template placeholder's name to the global-batch tensor it stands for.
+    """
     if loss.shape.rank != 0:
         raise DappleError(f"the model must return a scalar loss (a mean over the batch), got {loss.name} {loss.shape}")
-    batch = _global_batch_size(inputs)
+    batch = _global_batch_size(list(inputs.values()))
+    graph = loss.graph
     stage_of_layer = {}
     for stage in stages:
         for index in range(stage.first_layer, stage.last_layer + 1):
             stage_of_layer[index] = stage.index
     layer_of_op = {op: record.index for record in layers for op in record.ops}
-    input_ops = {t.op for t in inputs}
-    input_names = {t.name for t in inputs}
+    input_ops = {graph.get_tensor_by_name(name).op for name in inputs}
+    input_names = set(inputs)
     batch_dependent = _op_set_reachable_from(list(input_ops))
     handle_names = {v.handle.name: v for v in variables if hasattr(v, "handle")}
 
@@ -162,11 +181,11 @@ def analyze(
                             "layers must be marked in the order they compute"
                         )
                     major = t.op in batch_dependent
-                    if major and t.shape.rank is not None and (t.shape.rank == 0 or t.shape[0] not in (None, batch)):
+                    if major and t.shape.rank is not None and (t.shape.rank == 0 or t.shape[0] is not None):
                         raise DappleError(
                             f"{t.name} (shape {t.shape}) crosses from stage {producer} to stage {s} and depends on the "
-                            f"batch, but its first dimension is not the batch ({batch}); micro-batches cannot be "
-                            "split there: move the stage boundary"
+                            "batch, but its first dimension is not the batch (a statistic over the batch, or a "
+                            "hard-coded batch size); micro-batches cannot be split there: move the stage boundary"
                         )
                     externals[t.name] = ExternalTensor(t, BOUNDARY, producer_stage=producer, batch_major=major)
                     outputs_of_stage[producer][t.name] = t
@@ -177,32 +196,5 @@ def analyze(
         template.outputs = list(outputs_of_stage[s].values())
     templates[-1].loss = loss
     return Template(
-        stages=templates, inputs=list(inputs), global_batch_size=batch, variable_of_handle=handle_names
+        stages=templates, inputs=dict(inputs), global_batch_size=batch, variable_of_handle=handle_names
     )
-
-
-def stage_graph_defs(graph: tf.Graph, stages: Sequence[StageTemplate]) -> List[tf.compat.v1.GraphDef]:
-    """Per stage, a GraphDef of its operations alone, ready to import per micro-batch.
-
-    Device fields and colocation attributes are cleared so that the replica's device scope
-    places the clone; control inputs from outside the stage are dropped.
-    """
-    full = graph.as_graph_def()
-    nodes = {node.name: node for node in full.node}
-    return [_sub_graph_def(nodes, full.versions, stage.ops) for stage in stages]
-
-
-def _sub_graph_def(nodes, versions, ops: Sequence[tf.Operation]) -> tf.compat.v1.GraphDef:
-    names = {op.name for op in ops}
-    out = tf.compat.v1.GraphDef()
-    out.versions.CopyFrom(versions)
-    for op in ops:
-        node = out.node.add()
-        node.CopyFrom(nodes[op.name])
-        node.device = ""
-        if "_class" in node.attr:
-            del node.attr["_class"]
-        kept = [i for i in node.input if not i.startswith("^") or i[1:] in names]
-        del node.input[:]
-        node.input.extend(kept)
-    return out

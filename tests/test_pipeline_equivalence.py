@@ -85,3 +85,15 @@ def test_tied_and_unplaced_variables(values, stages):
     assert_close_dicts(want_grads, grads)
     assert_close_dicts(want_weights, weights)
     assert {"w0/dapple_copy", "scale/dapple_copy"} <= {k.rstrip("_0123456789") for k in copies}
+
+
+@pytest.mark.parametrize("schedule", ["dapple", "gpipe"])
+def test_control_flow_in_stages(schedule):
+    """tf.while_loop and tf.cond inside layers: every clone gets private copies of their functions."""
+    x, y = toy_models.sequence_batch(12)
+    sgd = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)  # noqa: E731
+    want_grads, want_weights, _ = train_single(toy_models.control_flow_model_fn, x, y, sgd, 2)
+    plan = dapple_tf.Plan.from_stages([(0, 0, [cpu(0), cpu(1)]), (1, 2, [cpu(2)])], num_micro_batches=2)
+    grads, weights, _, _, _ = train_pipelined(toy_models.control_flow_model_fn, x, y, sgd, plan, schedule, 2)
+    assert_close_dicts(want_grads, grads)
+    assert_close_dicts(want_weights, weights)

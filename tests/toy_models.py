@@ -63,3 +63,32 @@ def tied_model_fn(values):
             return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
 
     return model_fn
+
+
+STEPS_IN_SEQUENCE, STATE = 5, 4
+
+
+def control_flow_model_fn(features, labels):
+    """An RNN layer built with tf.while_loop and a tf.cond layer: functional control flow in stages.
+
+    features: [batch, STEPS_IN_SEQUENCE, STATE] floats; labels: [batch, STATE] floats.
+    """
+    with dapple_tf.layer("rnn"):
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant(np.eye(STATE, dtype=np.float32) * 0.5))
+        u = tf.compat.v1.get_variable("u", initializer=tf.constant(np.full((STATE, STATE), 0.1, np.float32)))
+        steps = tf.transpose(features, [1, 0, 2])
+
+        def body(t, h):
+            return t + 1, tf.tanh(tf.matmul(steps[t], w) + tf.matmul(h, u))
+
+        _, h = tf.while_loop(lambda t, h: t < STEPS_IN_SEQUENCE, body, [tf.constant(0), tf.zeros_like(steps[0])])
+    with dapple_tf.layer("gate"):
+        h = tf.cond(tf.reduce_sum(w) > 0.0, lambda: h * 2.0, lambda: h)
+    with dapple_tf.layer("head"):
+        return tf.reduce_mean(tf.square(h - labels))
+
+
+def sequence_batch(n, seed=2):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(n, STEPS_IN_SEQUENCE, STATE).astype(np.float32)
+    return x, rng.randn(n, STATE).astype(np.float32)

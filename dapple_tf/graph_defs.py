@@ -1,0 +1,97 @@
+"""GraphDefs of one stage's operations, to import once per micro-batch and replica.
+
+`stage_graph_defs` cuts the template into one GraphDef per stage: device fields and colocation
+attributes cleared (the replica's device scope places the clone), control inputs from outside the
+stage dropped, and the functions its control flow calls (tf.cond/tf.while_loop bodies, nested
+calls) attached. `private_copy` renames those functions for one clone: TF's gradients of
+functional control flow rewrite the forward functions under names derived from the originals,
+so clones sharing them would collide.
+"""
+
+import dataclasses
+from typing import Dict, List, Sequence, Set
+
+import tensorflow as tf
+from tensorflow.core.framework import function_pb2
+
+
+@dataclasses.dataclass
+class StageGraphDef:
+    graph_def: tf.compat.v1.GraphDef
+    function_names: Set[str]  # functions the stage calls, directly or not
+
+
+def _referenced(attr_value) -> List[str]:
+    names = [attr_value.func.name] if attr_value.HasField("func") else []
+    return names + [f.name for f in attr_value.list.func]
+
+
+def _calls(node, library: Dict[str, function_pb2.FunctionDef]) -> List[str]:
+    names = [name for value in node.attr.values() for name in _referenced(value)]
+    if node.op in library:
+        names.append(node.op)
+    return names
+
+
+def _function_closure(nodes, library) -> Set[str]:
+    found, stack = set(), [name for node in nodes for name in _calls(node, library)]
+    while stack:
+        name = stack.pop()
+        if name in found or name not in library:
+            continue
+        found.add(name)
+        stack.extend(n for node in library[name].node_def for n in _calls(node, library))
+    return found
+
+
+def stage_graph_defs(graph: tf.Graph, stage_ops: Sequence[Sequence[tf.Operation]]) -> List[StageGraphDef]:
+    """One StageGraphDef per list of operations (a stage's, in creation order)."""
+    full = graph.as_graph_def()
+    nodes = {node.name: node for node in full.node}
+    library = {f.signature.name: f for f in full.library.function}
+    result = []
+    for ops in stage_ops:
+        names = {op.name for op in ops}
+        out = tf.compat.v1.GraphDef()
+        out.versions.CopyFrom(full.versions)
+        for op in ops:
+            node = out.node.add()
+            node.CopyFrom(nodes[op.name])
+            node.device = ""
+            if "_class" in node.attr:
+                del node.attr["_class"]
+            kept = [i for i in node.input if not i.startswith("^") or i[1:] in names]
+            del node.input[:]
+            node.input.extend(kept)
+        functions = _function_closure(out.node, library)
+        for name in sorted(functions):
+            out.library.function.add().CopyFrom(library[name])
+        result.append(StageGraphDef(out, functions))
+    return result
+
+
+def _rename_calls(node, mapping: Dict[str, str]) -> None:
+    if node.op in mapping:
+        node.op = mapping[node.op]
+    for value in node.attr.values():
+        if value.HasField("func") and value.func.name in mapping:
+            value.func.name = mapping[value.func.name]
+        for f in value.list.func:
+            if f.name in mapping:
+                f.name = mapping[f.name]
+
+
+def private_copy(stage: StageGraphDef, suffix: str) -> tf.compat.v1.GraphDef:
+    """The stage's GraphDef with every function it calls renamed `<name><suffix>`."""
+    if not stage.function_names:
+        return stage.graph_def
+    mapping = {name: name + suffix for name in stage.function_names}
+    out = tf.compat.v1.GraphDef()
+    out.CopyFrom(stage.graph_def)
+    for node in out.node:
+        _rename_calls(node, mapping)
+    for function in out.library.function:
+        function.signature.name = mapping[function.signature.name]
+        for node in function.node_def:
+            _rename_calls(node, mapping)
+    return out
