@@ -100,16 +100,16 @@ def _draw_memory(ax, result: SimulationResult, x_max: float) -> None:
     for s, timeline in enumerate(result.memory_timeline):
         devs = [d for d, si in sorted(result.device_stage.items()) if si == s]
         times = [t for t, _ in timeline] + [result.iteration_ms]
-        values = [b / 1e9 for _, b in timeline]
+        values = [b / 2**30 for _, b in timeline]
         values.append(values[-1])
         name = f"dev {devs[0]}" if len(devs) == 1 else f"devs {devs[0]}-{devs[-1]}"
         ax.step(times, values, where="post", linewidth=1.2, label=f"stage {s} ({name})")
     if result.device_memory_bytes:
-        ax.axhline(result.device_memory_bytes / 1e9, color="red", linestyle="--", linewidth=1,
+        ax.axhline(result.device_memory_bytes / 2**30, color="red", linestyle="--", linewidth=1,
                    label="device memory")
     ax.set_xlim(0, x_max)
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("GB", fontsize=8)
+    ax.set_ylabel("GiB", fontsize=8)
     ax.tick_params(labelsize=7)
     if len(result.memory_timeline) <= 8:
         ax.legend(fontsize=6, loc="upper right", ncol=2)
@@ -134,7 +134,7 @@ def draw_gantt(
     if len(titles) != len(results):
         raise ValueError(f"got {len(titles)} titles for {len(results)} charts")
     x_max = max(r.iteration_ms for r in results) * 1.02 or 1.0
-    ratios, heights = [], []
+    ratios = []
     for r in results:
         ratios.append(max(1.2, 0.45 * len(r.devices)))
         if memory:

@@ -116,17 +116,16 @@ def plan_schedule(plan: plan_pb2.Plan, schedule: Optional[str] = None, policy: O
     (`warmup_micro_batches`), or its policy if the K_i are not set.
     """
     s, m = len(plan.stages), plan.num_micro_batches
-    kind = schedule or ("gpipe" if plan.schedule == plan_pb2.GPIPE and policy is None else "dapple")
-    if kind == "gpipe":
+    if schedule == "gpipe" or (schedule is None and policy is None and plan.schedule == plan_pb2.GPIPE):
         return build_schedule(s, m, "gpipe")
-    if policy is None and kind == schedule and plan.schedule == plan_pb2.GPIPE:
-        policy = "A"
+    if schedule not in (None, "dapple"):
+        return build_schedule(s, m, schedule)  # raises ScheduleError naming the kinds
     if policy is None:
         ks = [st.warmup_micro_batches for st in plan.stages]
-        if all(k > 0 for k in ks) and plan.policy != plan_pb2.POLICY_UNSPECIFIED:
+        if plan.schedule == plan_pb2.DAPPLE and all(k > 0 for k in ks) and max_in_flight is None:
             return build_schedule(s, m, "dapple", warmup=[min(k, m) for k in ks])
         policy = "B" if plan.policy == plan_pb2.POLICY_B else "A"
-    return build_schedule(s, m, kind, policy=policy, max_in_flight=max_in_flight)
+    return build_schedule(s, m, "dapple", policy=policy, max_in_flight=max_in_flight)
 
 
 def simulate_plan(
@@ -160,3 +159,26 @@ def compare_text(plan: plan_pb2.Plan, result: SimulationResult) -> str:
     """One line: analytic vs simulated iteration time."""
     return (f"analytic {plan.estimated_iteration_ms:.2f} ms, simulated {result.iteration_ms:.2f} ms "
             f"({relative_difference(plan, result):+.1%})")
+
+
+def pivot_internal_bubble_ms(plan: plan_pb2.Plan, result: SimulationResult) -> float:
+    """Idle time of the plan's pivot stage Q between its first forward and its last backward.
+
+    This is the term the analytic formula leaves out (paper section 4.1: Ts = (M-1)(F_Q + B_Q)
+    assumes Q never waits): when the round trip through the stages after Q (their forwards,
+    backwards and transfers) takes longer than the K_Q forwards Q runs meanwhile, Q idles.
+    `plan.pivot_stage` indexes the interleaved list (stage 0, cut 0, stage 1, ...): an odd Q is a
+    cut, whose link carries the activation and gradient transfers.
+    """
+    q = plan.pivot_stage
+    if q % 2 == 0:
+        stage = q // 2
+        boxes = [e for e in result.events if e.stage == stage and e.kind in ("forward", "backward")]
+    else:
+        cut = q // 2
+        boxes = [e for e in result.events
+                 if (e.kind == "send_activation" and e.stage == cut) or (e.kind == "send_gradient" and e.stage == cut + 1)]
+    if not boxes:
+        return 0.0
+    span = max(e.end_ms for e in boxes) - min(e.start_ms for e in boxes)
+    return max(0.0, span - sum(e.duration_ms for e in boxes))

@@ -191,7 +191,7 @@ class SimulationResult:
             f"{s.kind} schedule, S={s.num_stages}, M={s.num_micro_batches}, K={list(s.warmup)}, "
             f"micro-batch size {self.micro_batch_size}",
             f"iteration: {self.iteration_ms:.2f} ms, throughput: {self.throughput:.2f} samples/s",
-            "stage  devices  fwd_ms  bwd_ms  allreduce_ms  bubble  peak_in_flight  peak_memory_GB",
+            "stage  devices  fwd_ms  bwd_ms  allreduce_ms  bubble  peak_in_flight  peak_memory_GiB",
         ]
         for i, st in enumerate(self.stages):
             devs = [d for d, si in sorted(self.device_stage.items()) if si == i]
@@ -199,11 +199,11 @@ class SimulationResult:
             lines.append(
                 f"{i:5d}  {dev_text:>7}  {st.forward_ms:6.2f}  {st.backward_ms:6.2f}  {st.allreduce_ms:12.2f}  "
                 f"{self.stage_bubble_fraction(i):6.1%}  {self.peak_in_flight(i):14d}  "
-                f"{self.stage_peak_memory(i) / 1e9:14.2f}"
+                f"{self.stage_peak_memory(i) / 2**30:15.2f}"
             )
         if self.device_memory_bytes:
             lines.append(
-                f"device memory {self.device_memory_bytes / 1e9:.2f} GB: "
+                f"device memory {self.device_memory_bytes / 2**30:.2f} GiB: "
                 + ("OUT OF MEMORY" if self.out_of_memory else "fits")
             )
         return "\n".join(lines)

@@ -57,7 +57,7 @@ def trace_events(result: SimulationResult, include_empty: bool = False) -> List[
         for device in by_stage[stage]:
             for t, b in timeline:
                 out.append({"name": "memory", "ph": "C", "pid": device, "tid": 0,
-                            "ts": round(t * 1000.0, 3), "args": {"GB": round(b / 1e9, 4)}})
+                            "ts": round(t * 1000.0, 3), "args": {"GiB": round(b / 2**30, 4)}})
     return out
 
 

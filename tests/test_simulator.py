@@ -148,3 +148,13 @@ def test_errors():
         simulate([StageCost(1, 1, devices=(0,)), StageCost(1, 1, devices=(0,))], schedule)
     with pytest.raises(SimulationError, match="stage 0 has no devices"):
         simulate([StageCost(1, 1, devices=()), StageCost(1, 1)], schedule)
+
+
+def test_explicit_allreduce_tail():
+    # The planner's per-layer overlap model gives the tail left after the last backward directly.
+    costs = [StageCost(1.0, 2.0, allreduce_ms=3.0, allreduce_tail_ms=0.5), StageCost(1.0, 2.0)]
+    r = simulate(costs, build_schedule(2, 2, "dapple"), overlap_allreduce=True)
+    ar0 = [e for e in r.events if e.kind == KIND_ALLREDUCE and e.stage == 0][0]
+    assert (ar0.start_ms, ar0.end_ms) == (7.0, 9.5)  # drawn from the last backward's start (7)
+    assert r.iteration_ms == 9.5
+    assert simulate(costs, build_schedule(2, 2, "dapple")).iteration_ms == 12.0  # no overlap: all 3 ms
