@@ -15,9 +15,9 @@ def cpu(i):
 def train_single(model_fn, x, y, make_optimizer, steps):
     """Full-batch training on one device: (first-step gradients by name, final weights by name, losses)."""
     with tf.Graph().as_default():
-        loss = model_fn(tf.constant(x), tf.constant(y))
+        loss = model_fn(tf.nest.map_structure(tf.constant, x), tf.constant(y))
         variables = tf.compat.v1.trainable_variables()
-        grads = tf.gradients(loss, variables)
+        grads = [tf.convert_to_tensor(g) for g in tf.gradients(loss, variables)]  # dense, also for gathers
         train_op = make_optimizer().apply_gradients(list(zip(grads, variables)))
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -33,7 +33,7 @@ def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_m
     """The same through build_pipeline; also returns the handle and every variable copy's value."""
     with tf.Graph().as_default():
         handle = dapple_tf.build_pipeline(
-            model_fn, tf.constant(x), tf.constant(y), make_optimizer(), plan, schedule=schedule
+            model_fn, tf.nest.map_structure(tf.constant, x), tf.constant(y), make_optimizer(), plan, schedule=schedule
         )
         grads = [g for g, _ in handle.grads_and_vars]
         names = [v.op.name for _, v in handle.grads_and_vars]

@@ -97,3 +97,17 @@ def test_control_flow_in_stages(schedule):
     grads, weights, _, _, _ = train_pipelined(toy_models.control_flow_model_fn, x, y, sgd, plan, schedule, 2)
     assert_close_dicts(want_grads, grads)
     assert_close_dicts(want_weights, weights)
+
+
+@pytest.mark.parametrize(
+    "stages",
+    [[(0, 0, [cpu(0), cpu(1)]), (1, 2, [cpu(2)])], [(0, 1, [cpu(0)]), (2, 2, [cpu(1), cpu(2), cpu(3)])]],
+    ids=["2:1", "1:3"],
+)
+def test_dict_features_embeddings_and_integer_boundaries(stages):
+    x, y = toy_models.embedding_batch(12)
+    want_grads, want_weights, _ = train_single(toy_models.embedding_model_fn, x, y, adam, STEPS)
+    plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=2)
+    grads, weights, _, _, _ = train_pipelined(toy_models.embedding_model_fn, x, y, adam, plan, "dapple", STEPS)
+    assert_close_dicts(want_grads, grads)
+    assert_close_dicts(want_weights, weights)

@@ -92,3 +92,29 @@ def sequence_batch(n, seed=2):
     rng = np.random.RandomState(seed)
     x = rng.randn(n, STEPS_IN_SEQUENCE, STATE).astype(np.float32)
     return x, rng.randn(n, STATE).astype(np.float32)
+
+
+VOCAB, EMBED, TOKENS = 11, 4, 3
+
+
+def embedding_model_fn(features, labels):
+    """Dict features, an embedding lookup (sparse gradients), and an integer tensor crossing stages."""
+    rng = np.random.RandomState(3)
+    with dapple_tf.layer("embed"):
+        table = tf.compat.v1.get_variable("table", initializer=tf.constant(rng.randn(VOCAB, EMBED).astype(np.float32)))
+        vectors = tf.nn.embedding_lookup(table, features["ids"])  # [batch, TOKENS, EMBED]
+        mask = tf.cast(features["ids"] > 0, tf.int32)  # an int tensor for the next stage
+    with dapple_tf.layer("pool"):
+        weights = tf.cast(mask, tf.float32)[:, :, None]
+        pooled = tf.reduce_sum(vectors * weights, axis=1) + features["dense"]
+    with dapple_tf.layer("head"):
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant(rng.randn(EMBED, 2).astype(np.float32)))
+        logits = tf.matmul(pooled, w)
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def embedding_batch(n, seed=4):
+    rng = np.random.RandomState(seed)
+    ids = rng.randint(0, VOCAB, size=(n, TOKENS)).astype(np.int32)
+    dense = rng.randn(n, EMBED).astype(np.float32)
+    return {"ids": ids, "dense": dense}, rng.randint(0, 2, size=n).astype(np.int32)
