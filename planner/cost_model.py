@@ -197,13 +197,13 @@ def pivot_stage(forward: Sequence[float], backward: Sequence[float], num_micro_b
     bubble-free steady phase (M-1)(F_s+B_s) exceeds Q's plus the F+B of stages between them."""
     m1 = num_micro_batches - 1
     q = len(forward) - 1
+    between = 0.0  # sum of F+B over stages s+1 .. q-1
     for s in range(q - 1, -1, -1):
-        l1 = m1 * (forward[s] + backward[s])
-        l2 = m1 * (forward[q] + backward[q])
-        for t in range(s + 1, q):
-            l2 += forward[t] + backward[t]
-        if l1 > l2:
+        if s + 1 < q:
+            between += forward[s + 1] + backward[s + 1]
+        if m1 * (forward[s] + backward[s]) > m1 * (forward[q] + backward[q]) + between:
             q = s
+            between = 0.0
     return q
 
 

@@ -26,6 +26,9 @@ from planner import cost_model as cm
 from planner.plan_eval import Estimate, Options, evaluate, warmup_counts
 
 PLACEMENT_POLICIES = ("fresh", "append", "scatter")
+# Device sets expanded per cut position (the lowest-latency ones): keeps planning time bounded
+# on large clusters; exhaustive search is beam=None.
+DEFAULT_BEAM = 8
 
 
 def place(used: Tuple[int, ...], count: int, per_server: int, policy: str) -> Optional[Tuple[int, ...]]:
@@ -125,12 +128,13 @@ class _State:
 def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batch_size: int, options: Options,
            best_latency: float = float("inf"), policies: Sequence[str] = PLACEMENT_POLICIES,
            replications: Optional[Sequence[int]] = None, start_used: Optional[Tuple[int, ...]] = None,
-           straight: bool = False) -> Optional[Estimate]:
+           straight: bool = False, beam: Optional[int] = DEFAULT_BEAM) -> Optional[Estimate]:
     """Runs the DP for one micro-batch size; returns the best feasible plan found whose latency
     is below `best_latency` (None if none).
 
     `replications` limits stage replication counts; `start_used` marks devices as unavailable
-    (per-server counts); `straight` accepts only plans whose last stage has one device."""
+    (per-server counts); `straight` accepts only plans whose last stage has one device; `beam`
+    bounds the device sets expanded per cut (None: all, the paper's exhaustive memoized search)."""
     per_server = cluster.devices_per_server
     total = all_devices = cluster.num_servers * per_server
     n = model.num_layers
@@ -148,6 +152,7 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
     ar_cache: Dict[Tuple[int, ...], float] = {}
     xfer_cache: Dict[Tuple, float] = {}
     tail_cache: Dict[Tuple, float] = {}
+    free_cache: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
 
     def ar_per_byte(devs):
         v = ar_cache.get(devs)
@@ -194,7 +199,10 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
     def complete(state, c):
         """Costs state + last stage [c, n) on all free devices; returns (L, feasible)."""
         used = state.used
-        devs = tuple(s * per_server + i for s in range(len(used)) for i in range(used[s], per_server))
+        devs = free_cache.get(used)
+        if devs is None:
+            devs = free_cache[used] = tuple(
+                s * per_server + i for s in range(len(used)) for i in range(used[s], per_server))
         if not devs or len(devs) > mbs or (straight and len(devs) != 1):
             return None
         f, b, t = stage_costs(c, n, devs)
@@ -213,7 +221,9 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
         states = frontier.pop(c, None)
         if not states:
             continue
-        for state in states.values():
+        # Beam: expand only the `beam` lowest-latency device sets reached at this cut.
+        ranked = sorted(states.values(), key=lambda st: st.latency)
+        for state in ranked[:beam] if beam else ranked:
             if state.steady_bound >= best_l:
                 continue
             num = len(state.stages)
@@ -227,36 +237,32 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
             if num + 2 > max_stages:
                 continue
             free_total = all_devices - sum(state.used)
-            for c2 in cuts:
-                if c2 <= c:
+            # K_i under policy A for the stages planned so far (only grows with more stages).
+            s_total = num + 2
+            if not all(fits(a, e, d, min(s_total - i, m)) for i, (a, e, d) in enumerate(state.stages)):
+                continue
+            for r in reps:
+                if r >= free_total:
+                    break
+                if free_total - r > mbs and not straight:
                     continue
-                fps = prefix.fwd[c2] - prefix.fwd[c]
-                bps = prefix.bwd[c2] - prefix.bwd[c]
-                for r in reps:
-                    if r >= free_total:
-                        break
-                    if free_total - r > mbs and not straight:
+                sl = -(-mbs // r)
+                placements, seen = [], set()
+                for pol in policies:
+                    take = place(state.used, r, per_server, pol)
+                    if take is None or take in seen:
                         continue
-                    sl = -(-mbs // r)
-                    steady = m1 * (sl * (fps + bps) + 2 * oh)
+                    seen.add(take)
+                    placements.append((device_ids(state.used, take, per_server),
+                                       tuple(u + k for u, k in zip(state.used, take))))
+                for c2 in cuts:
+                    if c2 <= c:
+                        continue
+                    steady = m1 * (sl * (prefix.fwd[c2] - prefix.fwd[c] + prefix.bwd[c2] - prefix.bwd[c]) + 2 * oh)
                     if steady >= best_l:
-                        continue
-                    seen = set()
-                    for pol in policies:
-                        take = place(state.used, r, per_server, pol)
-                        if take is None or take in seen:
-                            continue
-                        seen.add(take)
-                        devs = device_ids(state.used, take, per_server)
-                        # K_i under policy A for the stages planned so far (grows with more stages).
-                        s_total = num + 2
-                        ok = fits(c, c2, devs, min(2, m))
-                        if ok:
-                            for i, (a, e, d) in enumerate(state.stages):
-                                if not fits(a, e, d, min(s_total - i, m)):
-                                    ok = False
-                                    break
-                        if not ok:
+                        break
+                    for devs, new_used in placements:
+                        if not fits(c, c2, devs, min(2, m)):
                             continue
                         f, b, t = stage_costs(c, c2, devs)
                         fw, bw, tl = list(state.fwd), list(state.bwd), list(state.tail)
@@ -268,13 +274,16 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
                         fw.append(f)
                         bw.append(b)
                         tl.append(t)
-                        new_used = tuple(u + k for u, k in zip(state.used, take))
                         child = _State(state.stages + [(c, c2, devs)], fw, bw, tl, 0.0, new_used,
                                        max(state.steady_bound, steady))
                         res = complete(child, c2)
                         if res is None:
-                            continue
-                        child.latency = res[0]
+                            if not straight:
+                                continue
+                            # Incomplete straight prefix: rank by its slowest stage so far.
+                            child.latency = child.steady_bound + sum(fw) + sum(bw)
+                        else:
+                            child.latency = res[0]
                         bucket = frontier.setdefault(c2, {})
                         old = bucket.get(new_used)
                         if old is None or child.latency < old.latency:

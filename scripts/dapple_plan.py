@@ -14,13 +14,47 @@ flags.DEFINE_string("profile", None, "Layer cost profile (.pb/.pbtxt/.json) or P
 flags.DEFINE_integer("global_batch_size", None, "Global batch size of one training iteration.")
 flags.DEFINE_string("cluster", "paper_a", "paper_a | paper_b | paper_c | local | a cluster file (.pbtxt/.json).")
 flags.DEFINE_integer("num_servers", None, "Servers in a paper_* cluster (default: 16 devices in all).")
+flags.DEFINE_integer("num_devices", None, "Virtual CPU devices for --cluster=local (default 2).")
 flags.DEFINE_string("planner", "dapple", "dapple | dp | dp_overlap | straight | gpipe | pipedream | all")
 flags.DEFINE_string("output", None, "Where to write the plan (.pb/.pbtxt/.json).")
+flags.DEFINE_float("optimizer_multiplier", 2.0, "Extra copies of the weights the optimizer keeps (Adam: 2).")
+flags.DEFINE_integer("max_stages", None, "Most pipeline stages to consider.")
+flags.DEFINE_list("micro_batch_sizes", None, "Micro-batch sizes to consider (default: divisors of the global batch, M <= 64).")
 
 
 def main(argv):
     del argv
-    raise NotImplementedError("dapple_plan: the planner is not implemented yet (issue 4)")
+    from planner.api import plan_all
+    from planner.cluster import load_cluster
+    from planner.profile import load_profile
+    from planner.report import comparison_table, summarize
+    from planner.schemas import write_message
+
+    if not FLAGS.profile:
+        raise ValueError("--profile is required")
+    if FLAGS.global_batch_size is None:
+        raise ValueError("--global_batch_size is required")
+    profile = load_profile(FLAGS.profile)
+    cluster = load_cluster(FLAGS.cluster, num_servers=FLAGS.num_servers, num_devices=FLAGS.num_devices)
+    options = {"optimizer_multiplier": FLAGS.optimizer_multiplier, "max_stages": FLAGS.max_stages}
+    if FLAGS.micro_batch_sizes:
+        try:
+            options["micro_batch_sizes"] = [int(x) for x in FLAGS.micro_batch_sizes]
+        except ValueError:
+            raise ValueError(f"--micro_batch_sizes must be integers, got {FLAGS.micro_batch_sizes}") from None
+    plans = plan_all(profile, cluster, FLAGS.global_batch_size, planner=FLAGS.planner, **options)
+    if FLAGS.planner == "all":
+        print(comparison_table(plans))
+        print()
+    main_name = "dapple" if FLAGS.planner == "all" else FLAGS.planner
+    chosen = plans[main_name]
+    if isinstance(chosen, str):
+        raise ValueError(f"{main_name}: {chosen}")
+    print(summarize(chosen))
+    if FLAGS.output:
+        write_message(chosen, FLAGS.output)
+        print(f"wrote {FLAGS.output}")
+    return 0
 
 
 def run():

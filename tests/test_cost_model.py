@@ -1,0 +1,97 @@
+"""Cost-model formulas on hand-computed small cases."""
+
+import pytest
+
+from planner import cost_model as cm
+from planner.cluster import make_cluster
+from planner.dapple_planner import place
+from planner.plan_eval import Options, evaluate
+from planner.profile import ModelProfile, parse_pipedream
+
+NODE = "{} -- x -- forward_compute_time={}, backward_compute_time={}, activation_size={}, parameter_size={}\n"
+# 2 servers x 2 devices; intra 1e9 B/s, inter 1e8 B/s; 100 B of memory per device
+CLUSTER = make_cluster("t", 2, 2, 1000.0, 1e9, 1e8)
+
+
+def tiny():
+    text = (NODE.format("a", 1, 2, 10, 5) + NODE.format("b", 2, 4, 20, 0) + NODE.format("c", 3, 6, 30, 10)
+            + "\ta -- b\n\tb -- c\n\ta -- c\n")
+    return ModelProfile.from_proto(parse_pipedream(text, batch_size=1))
+
+
+def test_cut_bytes_include_skip_edges():
+    p = cm.Prefix(tiny())
+    assert p.cut == [0.0, 10.0, 30.0, 0.0]  # cut before c carries a (skip edge) and b
+    assert cm.cut_bytes(p, 2, samples=4) == 120.0
+
+
+def test_slices_and_stage_times():
+    assert cm.slice_sizes(16, 15) == [2] + [1] * 14
+    p = cm.Prefix(tiny())
+    assert cm.stage_forward_ms(p, 0, 2, 5, 2, overhead_ms=0.5) == pytest.approx(3 * 3 + 0.5)
+    assert cm.stage_backward_ms(p, 1, 3, 4, 3, overhead_ms=0.0) == pytest.approx(2 * 10)
+
+
+def test_pivot_algorithm_1():
+    # stage 0 is heavy: (M-1)(F0+B0) = 3*10 = 30 > 3*2 + (F1+B1) = 6 + 1
+    assert cm.pivot_stage([4, 0.5, 1], [6, 0.5, 1], 4) == 0
+    assert cm.pivot_stage([1, 0.5, 1], [1, 0.5, 1], 4) == 2
+    # with M = 1 no steady phase: the last stage stays pivot
+    assert cm.pivot_stage([4, 1], [6, 1], 1) == 1
+
+
+def test_pipeline_latency_parts():
+    f, b, ar = [1.0, 0.5, 2.0], [2.0, 0.5, 4.0], [3.0, 0.0, 1.0]
+    latency, tw, ts, te, q = cm.pipeline_latency(f, b, ar, 4)
+    assert q == 2
+    assert tw == pytest.approx(3.5)
+    assert ts == pytest.approx(3 * 6.0)
+    # Te = max(AR2 + B2, AR1 + B1 + B2, AR0 + B0 + B1 + B2) = max(5, 4.5, 9.5)
+    assert te == pytest.approx(9.5)
+    assert latency == pytest.approx(3.5 + 18 + 9.5)
+
+
+def test_allreduce_flat_and_hierarchical():
+    assert cm.allreduce_ms(CLUSTER, [0], 1e9) == 0.0
+    assert cm.allreduce_ms(CLUSTER, [0, 1], 1e6) == pytest.approx(1e3 * 1e6 / 1e9)  # 2*(1/2)*B/intra
+    # 2 servers x 2: intra 2*(1/2)*1e6/1e9 + inter 2*(1/2)*1e6/1e8 seconds
+    assert cm.allreduce_ms(CLUSTER, [0, 1, 2, 3], 1e6) == pytest.approx(1e3 * (1e-3 + 1e-2))
+
+
+def test_transfer_split_concat():
+    # 1:1 same device is free; 1:2 split inside a server: 2 of 4 samples leave device 0
+    assert cm.transfer_ms(CLUSTER, [0], [0], 1e6, 4) == 0.0
+    assert cm.transfer_ms(CLUSTER, [0], [0, 1], 1e6, 4) == pytest.approx(1e3 * 2e6 / 1e9)
+    # 2:1 concat across servers: all 4 samples cross server 0's NIC
+    assert cm.transfer_ms(CLUSTER, [0, 1], [2], 1e6, 4) == pytest.approx(1e3 * 4e6 / 1e8)
+    # N:M with uneven slices, 5 samples from [0, 1] (0-2, 3-4) to [1, 2, 3] (0-1, 2-3, 4):
+    # samples 0-1 go 0->1 over NVLink; samples 2, 3, 4 cross server 0's NIC -> 3 samples
+    assert cm.transfer_ms(CLUSTER, [0, 1], [1, 2, 3], 1.0, 5) == pytest.approx(1e3 * 3 / 1e8)
+
+
+def test_allreduce_tail_overlap():
+    m = tiny()
+    # per-byte AR 1 ms; layers a (5 B), b (0), c (10 B), slice 1 sample; backward c=6, b=4, a=2
+    # k=a: AR 5 - 0; k=b: 5 - 2; k=c: 15 - 6 -> tail 9
+    assert cm.allreduce_tail_ms(m, 0, 3, 1, 1.0) == pytest.approx(9.0)
+
+
+def test_memory_and_pruning():
+    p = cm.Prefix(tiny())
+    # params 15 B x (2 + 2) + 2 in flight x 3 samples x 60 B
+    assert cm.memory_bytes(p, 0, 3, 3, 2, 2.0) == pytest.approx(60 + 360)
+    est = evaluate(tiny(), p, CLUSTER, [(0, 3, (0,))], 40, 20, Options(overhead_ms=0.0))
+    assert est.violation.startswith("stage 0 (layers 0..2) needs")  # 60 + 20*60 > 1000 B
+    assert not est.feasible
+
+
+@pytest.mark.parametrize("used,count,policy,expected", [
+    ((0, 0), 2, "fresh", (2, 0)),
+    ((1, 0), 2, "fresh", (0, 2)),
+    ((1, 0), 2, "append", (1, 1)),
+    ((0, 0), 2, "scatter", (1, 1)),
+    ((1, 0), 1, "scatter", (1, 0)),
+    ((2, 2), 1, "fresh", None),
+])
+def test_placement_policies(used, count, policy, expected):
+    assert place(used, count, 2, policy) == expected

@@ -1,0 +1,53 @@
+"""dapple_plan as a subprocess: summaries, the comparison table, plan files and errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VGG = "/work/shared/profiles/vgg-19-pbs-32.txt"
+
+
+def run(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "scripts.dapple_plan", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env)
+
+
+def test_plan_all_writes_json(tmp_path):
+    out = str(tmp_path / "plan.json")
+    r = run(f"--profile={VGG}", "--global_batch_size=2048", "--cluster=paper_b", "--planner=all", f"--output={out}")
+    assert r.returncode == 0, r.stderr
+    for name in ("dp ", "dp_overlap", "straight", "gpipe", "pipedream", "dapple"):
+        assert name in r.stdout
+    plan = json.load(open(out))
+    assert plan["planner"] == "dapple" and len(plan["stages"]) == 1
+    assert len(plan["stages"][0]["device_ids"]) == 16
+    assert plan["global_batch_size"] == plan["micro_batch_size"] * plan["num_micro_batches"]
+
+
+def test_bad_micro_batch(tmp_path):
+    r = run(f"--profile={VGG}", "--global_batch_size=12", "--cluster=local", "--micro_batch_sizes=5")
+    assert r.returncode == 1
+    assert r.stderr.strip().endswith(
+        "error: micro-batch size(s) [5] do not split global batch size 12; valid micro-batch sizes: [1, 2, 3, 4, 6, 12]")
+
+
+def test_malformed_profile(tmp_path):
+    bad = tmp_path / "m-pbs-2.txt"
+    bad.write_text("a -- x -- forward_compute_time=1\n")
+    r = run(f"--profile={bad}", "--global_batch_size=4")
+    assert r.returncode == 1
+    assert f"error: {bad}:1: expected 4 comma-separated key=value metrics" in r.stderr
+
+
+def test_model_too_big(tmp_path):
+    r = run(f"--profile={VGG}", "--global_batch_size=32", "--cluster=local", "--num_devices=2")
+    # local devices have physical memory / 2 each: VGG fits; shrink memory with a cluster file
+    cluster = tmp_path / "tiny.pbtxt"
+    cluster.write_text('name: "tiny" num_servers: 1 devices_per_server: 2 device_memory_bytes: 1e8 '
+                       'intra_server_bandwidth: 1e9 inter_server_bandwidth: 1e9\n')
+    r = run(f"--profile={VGG}", "--global_batch_size=32", f"--cluster={cluster}")
+    assert r.returncode == 1
+    assert "error: dapple: the model fits no plan in memory: layer node23 (FC1) alone needs 1.46 GiB" in r.stderr
