@@ -3,19 +3,21 @@
 Method. The model is built once, at the profile batch size, on the requested device, inside a fresh
 LayerRecorder. One run of the whole forward pass (fed synthetic or given inputs) records the value
 of every tensor that crosses a layer boundary. Then, for each layer i:
-- forward: `sess.run([ops producing outputs_i], feed_dict={inputs_i: recorded values})`. TF1 sessions prune
-  the graph at fed tensors, so this runs exactly layer i's ops; nothing is fetched back.
-- backward: `tf.gradients(float outputs_i, differentiable inputs_i + variables_i, grad_ys=random)`,
-  stopped at the layer's inputs (`stop_gradients`), run with every forward tensor of layer i the gradient ops read (and the inputs) fed with recorded
-  values, so only gradient ops run (no forward recomputation). Inputs count as differentiable only if
-  a gradient reaches them in a real training step: they are floats computed from a trainable
-  variable (gradients for feature inputs, or an attention mask computed from them, are never
-  computed by `optimizer.minimize` either).
+- forward: `sess.run([ops producing outputs_i], feed_dict={inputs_i: recorded values})`. TF1
+  sessions prune the graph at fed tensors, so this runs exactly layer i's ops (nothing is fetched).
+- backward: `tf.gradients(float outputs_i, differentiable inputs_i + variables_i, grad_ys=random,
+  stop_gradients=inputs_i)`, run with the inputs and every forward tensor of layer i that the
+  gradient ops read fed with recorded values, so only gradient ops run (no forward recomputation).
+  An input is differentiable only if a real training step computes its gradient: a float computed
+  from a trainable variable (not the features, nor e.g. an attention mask computed from them).
 Each timing is `warmup` untimed runs, then the median of `runs` timed runs, minus the median time of
-a session run of a no-op (the per-run dispatch cost every timed run pays once; clamped at 0), so that
-the sum of a profile's forward+backward times estimates one training step's compute.
-Sizes are exact: activation bytes = bytes of every tensor leaving the layer (recorded values);
-parameter bytes = shape x dtype size of the layer's trainable variables.
+a no-op run fed the same feed dict (the per-run dispatch and feeding cost, which a real training step
+does not pay per layer; clamped at 0), so that the sum of a profile's forward+backward times
+estimates one training step's compute (tests/test_profiler.py checks it is within 30%).
+Sizes are exact: activation bytes = bytes of every tensor leaving the layer (its recorded values;
+per tensor in output_activation_bytes when there are several); parameter bytes = shape x dtype size
+of the layer's trainable variables. The DAG: layer j is an input of layer i when i consumes a tensor
+j produced. Analysis of the graph: profiler/analysis.py.
 """
 
 import os
@@ -27,13 +29,17 @@ import tensorflow as tf
 from dapple_tf.layers import LayerRecorder
 from planner.schemas import layer_cost_pb2
 from profiler.analysis import analyze_layers, tensor_bytes
-from profiler.timing import median_run_ms, session_overhead_ms
+from profiler.timing import net_run_ms, overhead_probe
 
 
-def session_config(device: str) -> tf.compat.v1.ConfigProto:
-    """A ConfigProto with enough virtual CPU devices for `device` (CPU:k needs k + 1)."""
+def session_config(device: str, threads: int = 0) -> tf.compat.v1.ConfigProto:
+    """A ConfigProto with enough virtual CPU devices for `device` (CPU:k needs k + 1).
+
+    threads > 0 sets the intra- and inter-op thread pools to that size (0: TF's default).
+    """
     spec = tf.DeviceSpec.from_string(device)
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=False)
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=False, intra_op_parallelism_threads=threads,
+                                      inter_op_parallelism_threads=threads)
     if (spec.device_type or "").upper() == "CPU":
         config.device_count["CPU"] = (spec.device_index or 0) + 1
     return config
@@ -48,7 +54,7 @@ def _check_device(sess, device):
         ds = tf.DeviceSpec.from_string(d.name)
         if (ds.device_type.upper(), ds.device_index) == wanted:
             return d
-    names = ", ".join(tf.DeviceSpec.from_string(d.name).to_string().split("/")[-1] for d in sess.list_devices())
+    names = ", ".join("/device:" + d.name.split("/device:")[-1] for d in sess.list_devices())
     raise ValueError(f"device {device!r} is not available here; available: {names}")
 
 
@@ -77,12 +83,15 @@ def _variable_dependent_ops(graph):
 
 def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch_size: int,
                   device: str = "/device:CPU:0", warmup: int = 2, runs: int = 5, model_name: str = "model",
-                  progress: Optional[Callable] = None, seed: int = 0) -> layer_cost_pb2.LayerCostProfile:
+                  progress: Optional[Callable] = None, seed: int = 0, clock: str = "wall",
+                  threads: int = 0) -> layer_cost_pb2.LayerCostProfile:
     """Measures `model_fn(features, labels) -> loss` layer by layer; returns a LayerCostProfile.
 
     `make_inputs()` makes the (features, labels) tensors (placeholders) of batch `batch_size`;
     `input_values` are numpy values of the same structure. `progress(i, n, layer_cost)` is called
-    after each layer (i from 1). Raises LayerMarkerError (a ValueError) for a model that breaks the
+    after each layer (i from 1).
+    `clock`: "wall" (elapsed time, the default) or "cpu" (process CPU time, for shared machines);
+    `threads`: TF thread-pool sizes (0: default). Raises LayerMarkerError (a ValueError) for a model that breaks the
     marker contract and ValueError for an unavailable device.
     """
     graph = tf.Graph()
@@ -103,11 +112,11 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
 
     profile = layer_cost_pb2.LayerCostProfile(model_name=model_name, batch_size=batch_size,
                                               source=f"dapple_tf profiler, {warmup} warm-up + median of {runs} runs")
-    with tf.compat.v1.Session(graph=graph, config=session_config(device)) as sess:
+    with tf.compat.v1.Session(graph=graph, config=session_config(device, threads)) as sess:
         attrs = _check_device(sess, device)
         profile.device.CopyFrom(_device_description(attrs, device))
         sess.run(init)
-        overhead = session_overhead_ms(sess, graph, device)
+        probe = overhead_probe(graph, device)
         boundary = {t.name: t for info in infos for t in info.inputs + info.outputs}
         names = sorted(boundary)
         values = dict(zip(names, sess.run([boundary[n] for n in names], feed_dict=base_feed)))
@@ -115,7 +124,7 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
         for info, bwd in zip(infos, backward):
             feed = {t: values[t.name] for t in info.inputs}
             fwd_target = sorted({t.op for t in info.outputs}, key=lambda op: op.name)  # run, not fetched
-            fwd_ms = median_run_ms(sess, fwd_target, feed, warmup, runs) - overhead if fwd_target else 0.0
+            fwd_ms = net_run_ms(sess, fwd_target, probe, feed, warmup, runs, clock) if fwd_target else 0.0
             bwd_ms = 0.0
             if bwd is not None:
                 target, fed_forward, grad_ys = bwd
@@ -123,10 +132,10 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
                 bwd_feed.update(feed)
                 for ph, out in grad_ys:
                     bwd_feed[ph] = (rng.standard_normal(values[out.name].shape) * 1e-3).astype(ph.dtype.as_numpy_dtype)
-                bwd_ms = median_run_ms(sess, target, bwd_feed, warmup, runs) - overhead
+                bwd_ms = net_run_ms(sess, target, probe, bwd_feed, warmup, runs, clock)
             layer = profile.layers.add(
                 name=info.name, index=info.index, description=_describe(info),
-                forward_ms=max(fwd_ms, 0.0), backward_ms=max(bwd_ms, 0.0),
+                forward_ms=fwd_ms, backward_ms=bwd_ms,
                 activation_bytes=float(sum(values[t.name].nbytes for t in info.outputs)),
                 parameter_bytes=float(sum(tensor_bytes(v) for v in info.variables)),
                 inputs=[infos[j].name for j in info.input_layers])

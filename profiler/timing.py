@@ -6,20 +6,38 @@ import time
 import tensorflow as tf
 
 
-def median_run_ms(sess, fetches, feed_dict=None, warmup=2, runs=5):
-    """Median wall-clock milliseconds of `sess.run(fetches, feed_dict)` after `warmup` untimed runs."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def median_run_ms(sess, fetches, feed_dict=None, warmup=2, runs=5, clock="wall"):
+    """Median milliseconds of `sess.run(fetches, feed_dict)` after `warmup` untimed runs.
+
+    clock "wall": elapsed time; "cpu": this process's CPU time (all threads), which other processes'
+    load on a shared machine does not inflate; use it with single-threaded sessions.
+    """
+    timer = CLOCKS[clock]
     for _ in range(warmup):
         sess.run(fetches, feed_dict=feed_dict)
     samples = []
     for _ in range(max(1, runs)):
-        start = time.perf_counter()
+        start = timer()
         sess.run(fetches, feed_dict=feed_dict)
-        samples.append((time.perf_counter() - start) * 1e3)
+        samples.append((timer() - start) * 1e3)
     return statistics.median(samples)
 
 
-def session_overhead_ms(sess, graph, device, warmup=5, runs=21):
-    """Median time of running a no-op on `device`: the per-run cost every timed run also pays."""
+def overhead_probe(graph, device):
+    """A no-op on `device`: running it with a feed dict costs what a timed run pays besides computing."""
     with graph.as_default(), tf.device(device):
-        noop = tf.no_op(name="profiler_overhead_probe")
-    return median_run_ms(sess, noop, warmup=warmup, runs=runs)
+        return tf.no_op(name="profiler_overhead_probe")
+
+
+def net_run_ms(sess, fetches, probe, feed_dict=None, warmup=2, runs=5, clock="wall"):
+    """median_run_ms of `fetches` minus that of the no-op `probe` run with the same feeds (>= 0).
+
+    The probe's run pays the session's per-run cost and the feeding (numpy to tensor copies)
+    but computes nothing, so the difference is the time of the fetched ops themselves.
+    """
+    total = median_run_ms(sess, fetches, feed_dict, warmup, runs, clock)
+    overhead = median_run_ms(sess, probe, feed_dict, warmup, max(runs, 5), clock)
+    return max(total - overhead, 0.0)

@@ -1,0 +1,61 @@
+"""Reading and writing layer cost profiles: protobuf (.pb/.pbtxt/.json) or PipeDream text (.txt).
+
+PipeDream text is read and written by planner/profile.py (the planner reads profiles without
+importing the profiler); this module only routes by extension and checks what the text format cannot
+hold: the profile batch size lives in the file name (`...-pbs-N.txt`), so a .txt path must carry the
+profile's batch size. Errors are ValueErrors (planner.profile.ProfileError, planner.schemas.SchemaError)
+naming the file.
+"""
+
+import os
+
+from planner import profile as pipedream
+from planner.schemas import layer_cost_pb2, write_message
+
+PROTO_FORMATS = (".pb", ".pbtxt", ".json")
+TEXT_FORMAT = ".txt"
+
+
+def _extension(path):
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in PROTO_FORMATS + (TEXT_FORMAT,):
+        raise ValueError(f"{path}: unknown profile extension {ext!r}; expected .pb, .pbtxt, .json or .txt")
+    return ext
+
+
+def read_profile(path, batch_size=None) -> layer_cost_pb2.LayerCostProfile:
+    """Reads a profile in any supported format (a .txt's batch size comes from `-pbs-N` or `batch_size`)."""
+    _extension(path)
+    return pipedream.load_profile(path, batch_size=batch_size)
+
+
+def check_writable(path, batch_size):
+    """Raises ValueError unless a profile of `batch_size` can be written to `path` (before profiling)."""
+    ext = _extension(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: cannot write: it is a directory")
+    if not os.path.isdir(directory):
+        raise ValueError(f"{path}: cannot write: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{path}: cannot write: permission denied")
+    if ext == TEXT_FORMAT:
+        in_name = pipedream.batch_size_from_name(path)
+        if in_name != batch_size:
+            raise ValueError(
+                f"{path}: PipeDream text keeps the profile batch size in the file name; name it "
+                f"`...-pbs-{batch_size}.txt`" + (f" (it says {in_name})" if in_name else ""))
+    return ext
+
+
+def write_profile(profile, path):
+    """Writes `profile` in the format `path`'s extension names (check_writable's checks first)."""
+    if check_writable(path, profile.batch_size) == TEXT_FORMAT:
+        pipedream.write_pipedream(profile, path)
+    else:
+        write_message(profile, path)
+
+
+def format_pipedream(profile) -> str:
+    """The PipeDream text of a profile (planner.profile.format_pipedream)."""
+    return pipedream.format_pipedream(profile)

@@ -1,0 +1,43 @@
+"""dapple_demo end to end: profile -> plan -> pipelined training on digits, > 90% test accuracy."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _demo(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "-m", "scripts.dapple_demo", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _accuracy(stdout):
+    match = re.search(r"test accuracy: ([0-9.]+)", stdout)
+    assert match, stdout
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize("args,stages", [([], None), (["--num_stages=2"], 2)])
+def test_demo_trains_digits_to_90_percent(args, stages):
+    result = _demo(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "== profile" in out and "== plan ==" in out and "== schedule" in out
+    assert len(re.findall(r"^step +\d+ +loss [0-9.]+ +\d+ samples/s$", out, re.M)) == 6  # 300 steps, every 50
+    if stages:
+        assert "forced 2-stage plan" in out and "stage 1: layers" in out
+        assert f"S={stages} stages" in out
+    else:
+        assert "dapple plan for mlp-digits on local" in out
+    assert _accuracy(out) > 0.90
+
+
+def test_demo_rejects_more_stages_than_devices():
+    result = _demo("--num_devices=2", "--num_stages=3", "--steps=1")
+    assert result.returncode == 1
+    assert "error: --num_stages" in result.stderr and "Traceback" not in result.stderr

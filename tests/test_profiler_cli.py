@@ -1,0 +1,45 @@
+"""dapple_profile, run as a program: progress per layer, the profile file, clear errors."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import profiler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "-m", "scripts.dapple_profile", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_profiles_a_model_with_progress(tmp_path):
+    out = tmp_path / "mlp-pbs-8.txt"
+    result = _run("--model=mlp", "--model_flags=hidden=16:8", "--batch_size=8", "--runs=1", "--warmup=0",
+                  f"--output={out}")
+    assert result.returncode == 0, result.stderr
+    for i, name in enumerate(["dense_0", "dense_1", "head"], start=1):
+        assert f"[{i}/3] {name}: forward " in result.stderr
+    assert f"wrote {out}: 3 layers" in result.stdout
+    profile = profiler.read_profile(str(out))
+    assert profile.batch_size == 8
+    assert [layer.parameter_bytes for layer in profile.layers] == [(64 * 16 + 16) * 4, (16 * 8 + 8) * 4,
+                                                                   (8 * 10 + 10) * 4]
+    assert [layer.activation_bytes for layer in profile.layers] == [8 * 16 * 4, 8 * 8 * 4, 4]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model=nope", "--output=OUT/p.pbtxt"], "error: unknown model 'nope'; known models: mlp, vgg19"),
+    (["--model=mlp", "--output=OUT/missing/p.pbtxt"], "error: OUT/missing/p.pbtxt: cannot write: directory"),
+    (["--model=mlp", "--output=OUT/p.pbtxt", "--model_flags=depth=2"], "error: unknown model flag 'depth'"),
+])
+def test_bad_input_fails_with_one_clear_line(args, message, tmp_path):
+    result = _run(*[a.replace("OUT", str(tmp_path)) for a in args])
+    assert result.returncode == 1
+    assert message.replace("OUT", str(tmp_path)) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "p.pbtxt").exists()
