@@ -37,12 +37,15 @@ def _hint(devices: Sequence[str]) -> str:
 
 
 def all_reduce_sum(
-    grads_per_device: Dict[str, List[tf.Tensor]], keys: CollectiveKeys
+    grads_per_device: Dict[str, List[tf.Tensor]], keys: CollectiveKeys, after: Dict[str, tf.Tensor] = None
 ) -> Dict[str, List[tf.Tensor]]:
     """Sums, element-wise across devices, lists of same-shaped tensors; one collective per call.
 
-    `grads_per_device[d][i]` lives on device d; every device gets the list of sums.
+    `grads_per_device[d][i]` lives on device d; every device gets the list of sums. On device d
+    the collective starts after `after[d]` (if given), so every device launches collectives in
+    the same order.
     """
+    after = after or {}
     devices = sorted(grads_per_device)
     if len(devices) == 1:
         return dict(grads_per_device)
@@ -51,7 +54,7 @@ def all_reduce_sum(
     sizes = [s.num_elements() for s in shapes]
     result = {}
     for device in devices:
-        with tf.device(device):
+        with tf.device(device), tf.control_dependencies([after[device]] if device in after else []):
             flat = tf.concat([tf.reshape(g, [-1]) for g in grads_per_device[device]], axis=0)
             summed = collective_ops.all_reduce(
                 flat, len(devices), group_key, instance_key, "Add", "Id", communication_hint=_hint(devices)

@@ -3,9 +3,10 @@
 `stage_graph_defs` cuts the template into one GraphDef per stage: device fields and colocation
 attributes cleared (the replica's device scope places the clone), control inputs from outside the
 stage dropped, and the functions its control flow calls (tf.cond/tf.while_loop bodies, nested
-calls) attached. `private_copy` renames those functions for one clone: TF's gradients of
-functional control flow rewrite the forward functions under names derived from the originals,
-so clones sharing them would collide.
+calls) attached. `private_copy` makes one clone's copy: the functions renamed (TF's gradients
+of functional control flow rewrite the forward functions under names derived from the
+originals, so clones sharing them would collide), and random ops with a fixed seed given a
+seed of the clone's own (else every micro-batch and replica would draw the same dropout mask).
 """
 
 import dataclasses
@@ -19,6 +20,16 @@ from tensorflow.core.framework import function_pb2
 class StageGraphDef:
     graph_def: tf.compat.v1.GraphDef
     function_names: Set[str]  # functions the stage calls, directly or not
+    seeded: bool  # some random op has a fixed (non-zero) seed
+
+
+def _seeded(node) -> bool:
+    return "seed2" in node.attr and (node.attr["seed"].i != 0 or node.attr["seed2"].i != 0)
+
+
+def _reseed(node, salt: int) -> None:
+    if _seeded(node):
+        node.attr["seed2"].i = (node.attr["seed2"].i * 1000003 + salt) % (2**31 - 1)
 
 
 def _referenced(attr_value) -> List[str]:
@@ -66,7 +77,8 @@ def stage_graph_defs(graph: tf.Graph, stage_ops: Sequence[Sequence[tf.Operation]
         functions = _function_closure(out.node, library)
         for name in sorted(functions):
             out.library.function.add().CopyFrom(library[name])
-        result.append(StageGraphDef(out, functions))
+        nodes_everywhere = list(out.node) + [n for f in out.library.function for n in f.node_def]
+        result.append(StageGraphDef(out, functions, any(_seeded(n) for n in nodes_everywhere)))
     return result
 
 
@@ -81,17 +93,20 @@ def _rename_calls(node, mapping: Dict[str, str]) -> None:
                 f.name = mapping[f.name]
 
 
-def private_copy(stage: StageGraphDef, suffix: str) -> tf.compat.v1.GraphDef:
-    """The stage's GraphDef with every function it calls renamed `<name><suffix>`."""
-    if not stage.function_names:
+def private_copy(stage: StageGraphDef, suffix: str, salt: int) -> tf.compat.v1.GraphDef:
+    """The stage's GraphDef with every function it calls renamed `<name><suffix>`, and every
+    fixed-seed random op's seed2 mixed with `salt` (distinct per clone)."""
+    if not stage.function_names and not stage.seeded:
         return stage.graph_def
     mapping = {name: name + suffix for name in stage.function_names}
     out = tf.compat.v1.GraphDef()
     out.CopyFrom(stage.graph_def)
     for node in out.node:
         _rename_calls(node, mapping)
+        _reseed(node, salt)
     for function in out.library.function:
         function.signature.name = mapping[function.signature.name]
         for node in function.node_def:
             _rename_calls(node, mapping)
+            _reseed(node, salt)
     return out

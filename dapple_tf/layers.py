@@ -1,9 +1,9 @@
 """`dapple_tf.layer(name)`: the marker users put around each layer of their model.
 
-Markers are recorded by a `LayerRecorder` kept in the graph's own collection (one per graph, no
-process-wide state). A layer owns exactly the operations created while its context is open; the
-order in which layers are opened is the layer order the profiler, the planner and the
-pipeline builder share.
+Markers are recorded by the `LayerRecorder` that build_pipeline or the profiler activates in the
+graph's own collection (no process-wide state). A layer owns exactly the operations created
+while its context is open; the order in which layers are opened is the layer order the
+profiler, the planner and the pipeline builder share.
 """
 
 import contextlib
@@ -71,14 +71,10 @@ class LayerRecorder:
 
     # The graph keeps the active recorder; these manage that slot.
     @staticmethod
-    def of_graph(graph: tf.Graph) -> "LayerRecorder":
-        """The graph's active recorder, created on first use."""
+    def active(graph: tf.Graph) -> Optional["LayerRecorder"]:
+        """The recorder dapple_tf.layer reports to in `graph`, if one is active."""
         existing = graph.get_collection(_RECORDER_COLLECTION)
-        if existing:
-            return existing[-1]
-        recorder = LayerRecorder(graph)
-        graph.add_to_collection(_RECORDER_COLLECTION, recorder)
-        return recorder
+        return existing[-1] if existing else None
 
     @contextlib.contextmanager
     def activate(self):
@@ -97,6 +93,9 @@ def layer(name: str):
         with dapple_tf.layer("conv1"):
             x = tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME"))
 
-    Layers are recorded in the order they are opened; they must not nest.
+    Layers are recorded in the order they are opened; they must not nest. Outside
+    build_pipeline and the profiler (no active recorder), a marker is a plain name scope, so
+    the same model_fn also builds evaluation or single-device graphs.
     """
-    return LayerRecorder.of_graph(tf.compat.v1.get_default_graph()).record(name)
+    recorder = LayerRecorder.active(tf.compat.v1.get_default_graph())
+    return recorder.record(name) if recorder is not None else tf.name_scope(name)

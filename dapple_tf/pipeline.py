@@ -17,7 +17,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import collectives, microbatch, template as template_lib
+from dapple_tf import collectives, gradients, microbatch, template as template_lib
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
@@ -86,33 +86,41 @@ class _LayerPlacer:
         return stages[self._stage].devices[0]
 
 
-def build_pipeline(model_fn, features, labels, optimizer, plan, schedule="dapple", global_step=None):
+def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, with layers marked by dapple_tf.layer; features
     and labels are the global batch (tensors or nests of tensors, leading dimension = batch);
     optimizer a tf.compat.v1.train.Optimizer; plan a dapple_tf.Plan, a plan proto or a plan file;
-    schedule "dapple" (early backward) or "gpipe". Returns a PipelineHandle.
+    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple").
+    Returns a PipelineHandle.
     """
+    plan = _as_plan(plan)
+    schedule = schedule or plan.schedule_kind or "dapple"
     if schedule not in SCHEDULE_KINDS:
         raise PlanError(f"unknown schedule {schedule!r}; expected one of {SCHEDULE_KINDS}")
-    plan = _as_plan(plan)
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise DappleError(
+            f"optimizer must be a tf.compat.v1.train.Optimizer (graph mode), got {type(optimizer).__name__}"
+        )
     plan = Plan(
         [dataclasses.replace(s, devices=tuple(canonical_device(d) for d in s.devices)) for s in plan.stages],
         plan.num_micro_batches,
         policy=plan.policy,
         warmup=plan.warmup,
         expected_layer_names=plan.expected_layer_names,
+        global_batch_size=plan.global_batch_size,
         source=plan.source,
     )
     _check_devices(plan.devices)
     graph = tf.compat.v1.get_default_graph()
     structure = (features, labels)
-    real_inputs = [tf.convert_to_tensor(t) for t in tf.nest.flatten(structure)]
-    if not real_inputs:
-        raise DappleError("build_pipeline needs at least one feature or label tensor")
-    placeholders, _ = template_lib.template_inputs(real_inputs)
-    template_features, template_labels = tf.nest.pack_sequence_as(structure, placeholders)
+    flat = [None if t is None else tf.convert_to_tensor(t) for t in tf.nest.flatten(structure)]
+    inputs = template_lib.template_inputs([t for t in flat if t is not None])
+    placeholder_of = {t.name: graph.get_tensor_by_name(p) for p, t in inputs.items()}
+    template_features, template_labels = tf.nest.pack_sequence_as(
+        structure, [None if t is None else placeholder_of.get(t.name, t) for t in flat]
+    )
 
     recorder = LayerRecorder(graph, device_for_layer=_LayerPlacer(plan))
     with recorder.activate():
@@ -120,10 +128,16 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule="dapple
     if not recorder.layers:
         raise LayerMarkerError("model_fn marked no layers; wrap each layer in `with dapple_tf.layer(name):`")
     loss = tf.convert_to_tensor(loss)
+    if not loss.dtype.is_floating:
+        raise DappleError(f"model_fn must return a floating-point loss, got {loss.dtype.name} {loss.name}")
     stages = plan.resolve(recorder.names)
     variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
-    inputs = {p.name: t for p, t in zip(placeholders, real_inputs)}
     template = template_lib.analyze(loss, inputs, recorder.layers, stages, variables)
+    if plan.global_batch_size and plan.global_batch_size != template.global_batch_size:
+        raise PlanError(
+            f"{plan.source}: the plan is for a global batch of {plan.global_batch_size} but the features hold "
+            f"{template.global_batch_size} samples"
+        )
     micro_size = microbatch.micro_batch_size(
         template.global_batch_size, plan.num_micro_batches, [s.replication for s in stages]
     )
@@ -140,7 +154,9 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule="dapple
     with tf.device(stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
 
-    grads_and_vars, apply_pairs = _reduce_gradients(builder.accumulated, copies, keys)
+    grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys)
+    if not grads_and_vars:
+        raise DappleError("the loss depends on no trainable variable: there is nothing to train")
     train_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
     slot_pairs = copies.localize_slots(optimizer)
     broadcast = copies.broadcast_op(slot_pairs)
@@ -166,37 +182,3 @@ def _after_local_init(copies: VariableCopies, slot_pairs, name: str) -> tf.Opera
     """Local variable initialization, then the broadcast of the user's variables to the copies."""
     with tf.control_dependencies([tf.compat.v1.local_variables_initializer()]):
         return tf.group(copies.broadcast_op(slot_pairs), name=name)
-
-
-def _reduce_gradients(accumulated, copies: VariableCopies, keys: collectives.CollectiveKeys):
-    """AllReduce per (device set, dtype); returns (grads_and_vars, pairs to apply on every copy)."""
-    devices_of: Dict[tf.Variable, Tuple[str, ...]] = {}
-    for (variable, device) in accumulated:
-        devices_of.setdefault(variable, ())
-        devices_of[variable] += (device,)
-    groups: Dict[Tuple[Tuple[str, ...], tf.DType], List[tf.Variable]] = {}
-    for variable, devices in devices_of.items():
-        groups.setdefault((tuple(sorted(devices)), variable.dtype.base_dtype), []).append(variable)
-    reduced: Dict[Tuple[tf.Variable, str], tf.Tensor] = {}
-    for (devices, _), group in groups.items():
-        sums = collectives.all_reduce_sum({d: [accumulated[(v, d)] for v in group] for d in devices}, keys)
-        everyone = [t for d in devices for t in sums[d]]
-        for d in devices:
-            for v, t in zip(group, sums[d]):
-                reduced[(v, d)] = t
-        for v in group:
-            home = next((d for d, c in copies.copies_of(v).items() if c is v), devices[0])
-            source = home if (v, home) in reduced else devices[0]
-            if len(devices) > 1:
-                # Fetching one device's sum must run every participant's collective.
-                with tf.device(source), tf.control_dependencies(everyone):
-                    reduced[(v, "exposed")] = tf.identity(reduced[(v, source)])
-            else:
-                reduced[(v, "exposed")] = reduced[(v, source)]
-    grads_and_vars, apply_pairs = [], []
-    for variable, devices in devices_of.items():
-        grads_and_vars.append((reduced[(variable, "exposed")], variable))
-        for device, copy in copies.copies_of(variable).items():
-            grad = reduced.get((variable, device), reduced[(variable, "exposed")])
-            apply_pairs.append((grad, copy))
-    return grads_and_vars, apply_pairs

@@ -51,6 +51,8 @@ class Plan:
         warmup: Optional[Sequence[int]] = None,
         expected_layer_names: Optional[Sequence[Sequence[str]]] = None,
         source: str = "manual",
+        schedule_kind: Optional[str] = None,
+        global_batch_size: int = 0,
     ):
         if not stages:
             raise PlanError(f"{source}: a plan needs at least one stage")
@@ -66,11 +68,15 @@ class Plan:
         self.warmup = tuple(warmup) if warmup is not None else None
         self.expected_layer_names = expected_layer_names
         self.source = source
+        self.schedule_kind = schedule_kind  # from a plan file: "dapple", "gpipe" or None
+        self.global_batch_size = global_batch_size  # from a plan file; 0 if unknown
         seen = {}
         for i, stage in enumerate(self.stages):
             if not stage.devices:
                 raise PlanError(f"{source}: stage {i} has no devices")
             for device in stage.devices:
+                if not isinstance(device, str):
+                    raise PlanError(f"{source}: stage {i}: a device is a string such as '/cpu:0', got {device!r}")
                 if device in seen:
                     where = f"stages {seen[device]} and {i}" if seen[device] != i else f"stage {i} twice"
                     raise PlanError(f"{source}: device {device!r} is used by {where}; each device runs one replica")
@@ -129,6 +135,8 @@ class Plan:
             warmup=warmup if explicit and warmup else None,
             expected_layer_names=expected if any(expected) else None,
             source=source,
+            schedule_kind={plan_pb2.DAPPLE: "dapple", plan_pb2.GPIPE: "gpipe"}.get(proto.schedule),
+            global_batch_size=proto.global_batch_size,
         )
 
     @classmethod

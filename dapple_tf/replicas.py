@@ -16,8 +16,12 @@ _LOCAL = tf.compat.v1.GraphKeys.LOCAL_VARIABLES
 
 
 def canonical_device(device: str) -> str:
-    """A device string in one spelling ("/device:CPU:0" for "/cpu:0", job fields kept)."""
-    return tf.DeviceSpec.from_string(device).to_string()
+    """A device string in one spelling: "/device:CPU:0" for "/cpu:0" and for
+    "/job:localhost/replica:0/task:0/device:CPU:0"; other jobs' fields are kept."""
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.job == "localhost" and spec.replica in (None, 0) and spec.task in (None, 0):
+        spec = spec.replace(job=None, replica=None, task=None)
+    return spec.to_string()
 
 
 class VariableCopies:

@@ -16,6 +16,8 @@ from typing import Dict, List, Sequence, Tuple
 import tensorflow as tf
 
 from dapple_tf import graph_defs as graph_defs_lib, microbatch, tasks
+from dapple_tf.errors import DappleError
+from dapple_tf.gradients import GradientAccumulator
 from dapple_tf.replicas import VariableCopies
 from dapple_tf.template import BOUNDARY, EXTERNAL, INPUT, VARIABLE, Template
 from planner.schedule import BACKWARD, FORWARD, Schedule, Task
@@ -55,7 +57,7 @@ class StageBuilder:
         self.task_ops = tasks.TaskOps(graph)
         self.clones: Dict[Tuple[int, int, int], _Clone] = {}
         self.weighted_losses: List[tf.Tensor] = []
-        self.accumulated: Dict[Tuple[tf.Variable, str], tf.Tensor] = {}
+        self.accumulator = GradientAccumulator()
         # (stage, micro-batch, replica, output name) -> [(first row, gradient piece)] per consumer stage
         self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, tf.Tensor]]]] = {}
         self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
@@ -77,9 +79,10 @@ class StageBuilder:
         # Variable copies first, so that no task captures their creation.
         for stage in self.template.stages:
             for ext in stage.externals:
-                if ext.kind == VARIABLE:
+                variable = self.template.variable_of_handle.get(ext.tensor.name)
+                if ext.kind == VARIABLE and variable in self.trainable:
                     for device in stage.stage.devices:
-                        self.copies.handle_for(self.template.variable_of_handle[ext.tensor.name], device)
+                        self.copies.handle_for(variable, device)
         graph_defs = graph_defs_lib.stage_graph_defs(self.graph, [st.ops for st in self.template.stages])
         micro_inputs = self._micro_batch_inputs()
         n = self.template.global_batch_size
@@ -93,7 +96,8 @@ class StageBuilder:
                         for ext in stage.externals:
                             feed[ext.tensor.name] = self._feed(ext, m, j, start, sizes[j], micro_inputs[m], device)
                         wanted = [t.name for t in stage.outputs] + ([stage.loss.name] if stage.loss is not None else [])
-                        graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}")
+                        clone_id = len(self.clones) + 1
+                        graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}", clone_id)
                         results = tf.compat.v1.import_graph_def(
                             graph_def, input_map=feed, return_elements=wanted, name=f"dapple/stage{s}/mb{m}/r{j}"
                         )
@@ -109,11 +113,22 @@ class StageBuilder:
         if ext.kind == INPUT:
             return micro_inputs[ext.tensor.name][start : start + size]
         if ext.kind == VARIABLE:
-            return self.copies.handle_for(self.template.variable_of_handle[ext.tensor.name], device)
+            variable = self.template.variable_of_handle[ext.tensor.name]
+            if variable not in self.trainable:
+                return variable.handle  # read the user's own: nothing keeps a copy of it current
+            return self.copies.handle_for(variable, device)
         if ext.kind == EXTERNAL:
             return ext.tensor
         p = ext.producer_stage
         producers = [self.clones[(p, m, i)].outputs[ext.tensor.name] for i in range(len(self._sizes[p]))]
+        if ext.batch_major:
+            for i, (t, rows) in enumerate(zip(producers, self._sizes[p])):
+                if t.shape.rank is not None and t.shape[0] is not None and t.shape[0] != rows:
+                    raise DappleError(
+                        f"{ext.tensor.name} leaves stage {p} and is split by samples, but its first dimension is not "
+                        f"the batch: replica {i}'s slice of {rows} samples makes it {t.shape}; give it a leading batch "
+                        "dimension before the stage boundary, or move the boundary"
+                    )
         if not ext.batch_major:
             received = producers[0]
         else:
@@ -160,12 +175,8 @@ class StageBuilder:
                 grad = tf.zeros_like(clone.inputs[ext.tensor.name])
             self._send_input_grad(ext, s, m, j, tf.convert_to_tensor(grad))
         for (variable, _), grad in zip(variables, grads[len(boundary) :]):
-            if grad is None:
-                continue
-            grad = tf.convert_to_tensor(grad)  # IndexedSlices (gathers) become dense
-            grad.set_shape(variable.shape)  # gradients through control flow may lose it
-            key = (variable, device)
-            self.accumulated[key] = grad if key not in self.accumulated else self.accumulated[key] + grad
+            if grad is not None:
+                self.accumulator.add(variable, device, grad)
 
     def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> None:
         """Cuts the gradient of consumer replica j's input into pieces for the producer replicas."""

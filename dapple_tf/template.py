@@ -69,10 +69,15 @@ def _op_set_reachable_from(starts: Sequence[tf.Operation]) -> Set[tf.Operation]:
     return seen
 
 
+def _is_shared_resource(op: tf.Operation, batch_dependent) -> bool:
+    """An op creating a resource (a lookup table, ...) the stages share rather than clone."""
+    return op not in batch_dependent and any(t.dtype == tf.resource for t in op.outputs)
+
+
 def _global_batch_size(inputs: Sequence[tf.Tensor]) -> int:
     sizes = set()
     for t in inputs:
-        if t.shape.rank is None or t.shape.rank == 0 or t.shape[0] is None:
+        if t.shape.rank is None or t.shape[0] is None:
             raise DappleError(
                 f"input {t.name} has shape {t.shape}; features and labels need a static leading batch dimension"
             )
@@ -82,15 +87,21 @@ def _global_batch_size(inputs: Sequence[tf.Tensor]) -> int:
     return sizes.pop()
 
 
-def template_inputs(real_inputs: Sequence[tf.Tensor]) -> Tuple[List[tf.Tensor], int]:
-    """Placeholders like `real_inputs` with an unknown batch dimension, and the global batch size."""
-    batch = _global_batch_size(real_inputs)
+def template_inputs(real_inputs: Sequence[tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """Placeholders like the batched `real_inputs` (rank >= 1) with an unknown batch dimension.
+
+    Returns placeholder name -> real tensor; scalars are not batched and get no placeholder.
+    """
+    batched = [t for t in real_inputs if t.shape.rank != 0]
+    if not batched:
+        raise DappleError("features and labels hold no batched tensor (all are scalars)")
+    _global_batch_size(batched)
+    placeholders = {}
     with tf.name_scope("dapple/template_inputs"):
-        placeholders = [
-            tf.compat.v1.placeholder(t.dtype, [None] + t.shape.as_list()[1:], name=t.op.name.replace("/", "_"))
-            for t in real_inputs
-        ]
-    return placeholders, batch
+        for t in batched:
+            p = tf.compat.v1.placeholder(t.dtype, [None] + t.shape.as_list()[1:], name=t.op.name.replace("/", "_"))
+            placeholders[p.name] = t
+    return placeholders
 
 
 def analyze(
@@ -126,33 +137,48 @@ def analyze(
             f"{layers[layer_of_op[loss.op]].name!r}"
         )
 
-    # Walk back from the loss: every op the loss needs, stopping at inputs, variables and
-    # input-independent ops outside the layers.
+    # Walk back from the loss (data and control inputs): every op the loss needs, stopping at
+    # inputs, variables, shared resources (lookup tables) and input-independent ops outside the
+    # layers. Ops outside the layers that read variables are cloned into each stage using them,
+    # so that every replica reads its own variable copy.
+    reads_variables = _op_set_reachable_from([op for op in graph.get_operations() if op.type in _VARIABLE_OPS])
     stage_ops: List[Set[tf.Operation]] = [set() for _ in stages]
-    visited, stack = set(), [loss.op]
+    stack = [(loss.op, len(stages) - 1)]
     while stack:
-        op = stack.pop()
-        if op in visited:
-            continue
-        visited.add(op)
+        op, pulling_stage = stack.pop()
         if op.type in _REF_VARIABLE_OPS:
             raise DappleError(
                 f"{op.name} is a reference variable; dapple_tf needs resource variables "
                 "(call tf.compat.v1.enable_resource_variables() before building the model)"
             )
-        if op in input_ops or op.type in _VARIABLE_OPS:
+        if op in input_ops or op.type in _VARIABLE_OPS or _is_shared_resource(op, batch_dependent):
             continue
-        if op not in layer_of_op:
-            if op in batch_dependent:
-                raise LayerMarkerError(
-                    f"operation {op.name} ({op.type}) computes from the model inputs outside any dapple_tf.layer "
-                    "marker; put it inside a layer"
-                )
-            continue  # EXTERNAL: does not depend on the inputs
-        stage_ops[stage_of_layer[layer_of_op[op]]].add(op)
-        stack.extend(t.op for t in op.inputs)
+        if op in layer_of_op:
+            s = stage_of_layer[layer_of_op[op]]
+        elif op in batch_dependent:
+            raise LayerMarkerError(
+                f"operation {op.name} ({op.type}) computes from the model inputs outside any dapple_tf.layer "
+                "marker; put it inside a layer"
+            )
+        elif op in reads_variables:
+            s = pulling_stage
+        else:
+            continue  # EXTERNAL: depends on neither the inputs nor a variable
+        if op in stage_ops[s]:
+            continue
+        stage_ops[s].add(op)
+        stack.extend((t.op, s) for t in op.inputs)
+        stack.extend((c, s) for c in op.control_inputs)
 
-    stage_of_op = {op: s for s, ops in enumerate(stage_ops) for op in ops}
+    stage_of_op = {op: s for s, ops in enumerate(stage_ops) for op in ops if op in layer_of_op}
+    for s, ops in enumerate(stage_ops):
+        for op in ops:
+            for c in op.control_inputs:
+                if c not in ops and c in stage_of_op:
+                    raise DappleError(
+                        f"{op.name} (stage {s}) has a control dependency on {c.name} (stage {stage_of_op[c]}); "
+                        "control dependencies cannot cross stage boundaries"
+                    )
     templates = []
     outputs_of_stage: List[Dict[str, tf.Tensor]] = [dict() for _ in stages]
     for s, stage in enumerate(stages):

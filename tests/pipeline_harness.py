@@ -17,8 +17,9 @@ def train_single(model_fn, x, y, make_optimizer, steps):
     with tf.Graph().as_default():
         loss = model_fn(tf.nest.map_structure(tf.constant, x), tf.constant(y))
         variables = tf.compat.v1.trainable_variables()
-        grads = [tf.convert_to_tensor(g) for g in tf.gradients(loss, variables)]  # dense, also for gathers
-        train_op = make_optimizer().apply_gradients(list(zip(grads, variables)))
+        raw = tf.gradients(loss, variables)  # IndexedSlices for gathers, applied as such (as minimize does)
+        train_op = make_optimizer().apply_gradients(list(zip(raw, variables)))
+        grads = [tf.convert_to_tensor(g) for g in raw]
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             first_grads = dict(zip([v.op.name for v in variables], sess.run(grads)))
@@ -35,7 +36,7 @@ def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_m
         handle = dapple_tf.build_pipeline(
             model_fn, tf.nest.map_structure(tf.constant, x), tf.constant(y), make_optimizer(), plan, schedule=schedule
         )
-        grads = [g for g, _ in handle.grads_and_vars]
+        grads = [tf.convert_to_tensor(g) for g, _ in handle.grads_and_vars]
         names = [v.op.name for _, v in handle.grads_and_vars]
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(handle.initializer)

@@ -1,0 +1,104 @@
+"""Gradients of the variables: accumulated over micro-batches per device, then all-reduced.
+
+`GradientAccumulator` keeps, per (variable, device), a running sum of the gradients the
+device's backward tasks produce (one live copy, not M). A variable only ever read by gathers
+(embedding lookups) also gets a running count of the rows each gather touched, so that the
+reduced gradient can be applied as IndexedSlices of exactly those rows: lazy optimizers
+(Momentum, RMSProp, ...) then update the same rows as single-device `minimize` does.
+
+`reduce_and_pair` all-reduces each (device set, dtype) group once, in one fixed order on every
+device, and pairs the sums with every copy of the variable for the apply step.
+"""
+
+from typing import Dict, List, Tuple
+
+import tensorflow as tf
+
+from dapple_tf import collectives
+from dapple_tf.replicas import VariableCopies
+
+Key = Tuple[tf.Variable, str]  # (variable, device)
+
+
+class GradientAccumulator:
+    def __init__(self):
+        self.sums: Dict[Key, tf.Tensor] = {}
+        self.row_counts: Dict[Key, tf.Tensor] = {}  # for keys whose every gradient so far was sparse
+        self._dense: set = set()  # keys that got a dense gradient at least once
+
+    def add(self, variable: tf.Variable, device: str, grad) -> None:
+        """Adds one backward task's gradient (a Tensor or IndexedSlices) on `device`."""
+        key = (variable, device)
+        if isinstance(grad, tf.IndexedSlices) and key not in self._dense:
+            rows = variable.shape[0]
+            counts = tf.math.unsorted_segment_sum(
+                tf.ones_like(grad.indices, dtype=variable.dtype.base_dtype), grad.indices, rows
+            )
+            self.row_counts[key] = counts if key not in self.row_counts else self.row_counts[key] + counts
+        else:
+            self._dense.add(key)
+            self.row_counts.pop(key, None)
+        dense = tf.convert_to_tensor(grad)
+        dense.set_shape(variable.shape)  # gradients through control flow may lose it
+        self.sums[key] = dense if key not in self.sums else self.sums[key] + dense
+
+    def devices_of(self) -> Dict[tf.Variable, Tuple[str, ...]]:
+        result: Dict[tf.Variable, Tuple[str, ...]] = {}
+        for variable, device in self.sums:
+            result[variable] = result.get(variable, ()) + (device,)
+        return {v: tuple(sorted(d)) for v, d in result.items()}
+
+    def is_sparse(self, variable: tf.Variable, devices) -> bool:
+        return all((variable, d) in self.row_counts for d in devices)
+
+
+def _as_slices(dense: tf.Tensor, counts: tf.Tensor) -> tf.IndexedSlices:
+    rows = tf.reshape(tf.where(counts > 0), [-1])
+    return tf.IndexedSlices(tf.gather(dense, rows), rows, dense_shape=tf.shape(dense, out_type=tf.int64))
+
+
+def _identity_after(grad, deps):
+    with tf.control_dependencies(deps):
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.identity(grad.values), tf.identity(grad.indices), grad.dense_shape)
+        return tf.identity(grad)
+
+
+def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys):
+    """AllReduce per (device set, dtype); returns (grads_and_vars, (grad, copy) pairs to apply)."""
+    devices_of = accumulator.devices_of()
+    groups: Dict[Tuple[Tuple[str, ...], tf.DType], List[tf.Variable]] = {}
+    for variable, devices in devices_of.items():
+        groups.setdefault((devices, variable.dtype.base_dtype), []).append(variable)
+    reduced: Dict[Key, object] = {}
+    exposed: Dict[tf.Variable, object] = {}
+    last_collective: Dict[str, tf.Tensor] = {}
+    # One fixed order of collectives on every device (NCCL needs it on overlapping groups).
+    for devices, dtype in sorted(groups, key=lambda key: (key[0], key[1].name)):
+        group = groups[(devices, dtype)]
+        sparse = [v for v in group if accumulator.is_sparse(v, devices)]
+        per_device = {
+            d: [accumulator.sums[(v, d)] for v in group] + [accumulator.row_counts[(v, d)] for v in sparse]
+            for d in devices
+        }
+        sums = collectives.all_reduce_sum(per_device, keys, after=last_collective)
+        everyone = [t for d in devices for t in sums[d]]
+        for d in devices:
+            if len(devices) > 1:
+                last_collective[d] = sums[d][0]
+            counts = dict(zip(sparse, sums[d][len(group) :]))
+            for v, total in zip(group, sums[d][: len(group)]):
+                with tf.device(d):
+                    reduced[(v, d)] = _as_slices(total, counts[v]) if v in counts else total
+        for v in group:
+            home = next((d for d, c in copies.copies_of(v).items() if c is v), None)
+            source = home if home in devices else devices[0]
+            # Fetching one device's sum must run every participant's collective.
+            with tf.device(source):
+                exposed[v] = _identity_after(reduced[(v, source)], everyone if len(devices) > 1 else [])
+    grads_and_vars, apply_pairs = [], []
+    for variable in devices_of:
+        grads_and_vars.append((exposed[variable], variable))
+        for device, copy in copies.copies_of(variable).items():
+            apply_pairs.append((reduced.get((variable, device), exposed[variable]), copy))
+    return grads_and_vars, apply_pairs
