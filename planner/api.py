@@ -12,8 +12,8 @@ from typing import Dict, List, Optional, Sequence
 
 from planner import baselines
 from planner import cost_model as cm
-from planner.dapple_planner import search
-from planner.plan_eval import Estimate, Options, single_device_ms, to_plan
+from planner.dapple_planner import candidate_cuts, search
+from planner.plan_eval import Estimate, Options, evaluate, single_device_ms, to_plan
 from planner.profile import LayerCostProfile, ModelProfile
 from planner.schemas import plan_pb2
 
@@ -53,7 +53,7 @@ def _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l=float("inf"
     if name == "dp_overlap":
         return baselines.data_parallel(model, prefix, cluster, gbs, mbs, options, overlap=True)
     if name == "straight":
-        return baselines.straight(model, prefix, cluster, gbs, mbs, options)
+        return baselines.straight(model, prefix, cluster, gbs, mbs, options, best_l)
     if name == "gpipe":
         return baselines.gpipe(model, prefix, cluster, gbs, mbs, options)
     if name == "pipedream":
@@ -89,17 +89,26 @@ def _options(kwargs) -> Options:
     return opts
 
 
-def memory_error(model, prefix, cluster, options, sizes) -> str:
-    """Explains why nothing fits: the biggest layer, or the best infeasible plan's violation."""
-    need = []
-    for i in range(model.num_layers):
-        need.append(cm.memory_bytes(prefix, i, i + 1, 1, 1, options.optimizer_multiplier))
+def memory_error(model, prefix, cluster, options, sizes, global_batch_size) -> str:
+    """Why nothing fits: a layer that alone exceeds a device for one sample, or else the first
+    stage over memory in the most memory-frugal plan tried (smallest micro-batch, one stage per
+    device on the time-balanced partition, policy A), with its overshoot."""
+    need = [cm.memory_bytes(prefix, i, i + 1, 1, 1, options.optimizer_multiplier) for i in range(model.num_layers)]
     worst = max(range(model.num_layers), key=lambda i: need[i])
     cap = cluster.device_memory_bytes
     if need[worst] > cap:
         return (f"layer {model.names[worst]} ({model.descriptions[worst]}) alone needs "
                 f"{need[worst] / 2**30:.2f} GiB for one sample, {(need[worst] - cap) / 2**30:.2f} GiB over "
                 f"the {cap / 2**30:.2f} GiB device memory")
+    total = cluster.num_servers * cluster.devices_per_server
+    parts = min(total, len(candidate_cuts(prefix)) + 1)
+    mbs = min(sizes)
+    est = evaluate(model, prefix, cluster, baselines.balanced_stages(model, prefix, parts), global_batch_size, mbs,
+                   options,
+                   policy="A")
+    if est.violation:
+        return (f"even with micro-batches of {mbs} and one stage per device ({len(est.stages)} stages, "
+                f"policy A): {est.violation}")
     return ""
 
 
@@ -115,7 +124,10 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
     results: Dict[str, object] = {}
     for name in BASELINES if "dapple" in names else names:
         best, bad = best_estimate(name, model, prefix, cluster, global_batch_size, opts, sizes)
-        results[name] = best if best is not None else (bad.violation if bad is not None else "no plan")
+        if best is None:
+            detail = bad.violation if bad is not None else memory_error(model, prefix, cluster, opts, sizes, global_batch_size)
+            best = f"the model fits no {name} plan in memory: {detail}" if detail else "no plan"
+        results[name] = best
     if "dapple" in names:
         base = [r for r in results.values() if isinstance(r, Estimate)]
         floor = min((r.latency for r in base), default=float("inf"))
@@ -123,10 +135,10 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
         if best is None and base:
             best = min(base, key=lambda r: r.latency)
         if best is None:
-            detail = memory_error(model, prefix, cluster, opts, sizes)
+            detail = memory_error(model, prefix, cluster, opts, sizes, global_batch_size)
             if not detail:
-                worst = bad or next((r for r in results.values() if isinstance(r, Estimate)), None)
-                detail = "; ".join(str(r) for r in results.values() if isinstance(r, str))
+                detail = bad.violation if bad is not None else "; ".join(
+                    str(r) for r in results.values() if isinstance(r, str))
             results["dapple"] = f"the model fits no plan in memory: {detail}"
         else:
             results["dapple"] = best
@@ -135,17 +147,23 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
     return {"model": model, "prefix": prefix, "results": results, "options": opts}
 
 
-def plan(profile, cluster, global_batch_size: int, planner: str = "dapple", **options) -> plan_pb2.Plan:
+def plan(profile, cluster, global_batch_size: int, planner: str = "dapple", simulate: bool = False,
+         **options) -> plan_pb2.Plan:
     """The best plan of one planner as a plan_pb2.Plan; PlanningError if none fits."""
     if planner == "all":
         raise PlanningError("plan() returns one plan; use plan_all() for planner='all'")
-    return plan_all(profile, cluster, global_batch_size, planner=planner, **options)[planner]
+    return plan_all(profile, cluster, global_batch_size, planner=planner, simulate=simulate, **options)[planner]
 
 
-def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", **options) -> Dict[str, object]:
+def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", simulate: bool = True,
+             **options) -> Dict[str, object]:
     """{planner name: plan_pb2.Plan, or an error string for a planner with no feasible plan}.
 
+    With `simulate`, each plan's simulated_iteration_ms is filled by planner/simulator.py (the
+    analytic estimated_iteration_ms and its Tw/Ts/Te stay the paper's formula 2).
     Raises PlanningError when the requested single planner has no feasible plan."""
+    from planner.sim_adapter import simulate_plan  # pylint: disable=import-outside-toplevel
+
     out = plan_estimates(profile, cluster, global_batch_size, planner, **options)
     model, prefix, results = out["model"], out["prefix"], out["results"]
     single = single_device_ms(prefix, global_batch_size)
@@ -159,6 +177,8 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", **o
     for name, r in results.items():
         if isinstance(r, Estimate):
             plans[name] = to_plan(r, model, cluster, global_batch_size, name, single, dp_ms)
+            if simulate:
+                plans[name].simulated_iteration_ms = simulate_plan(plans[name], model).iteration_ms
         else:
             if planner != "all":
                 raise PlanningError(f"{name}: {r}")

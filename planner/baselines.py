@@ -28,11 +28,35 @@ def data_parallel(model, prefix, cluster, gbs, mbs, options: Options, overlap: b
     return evaluate(model, prefix, cluster, [(0, n, tuple(range(total)))], gbs, mbs, opts, policy="A")
 
 
-def straight(model, prefix, cluster, gbs, mbs, options: Options) -> Optional[Estimate]:
+# Above this many stages the straight baseline is the time-balanced partition alone.
+STRAIGHT_MAX_DP_STAGES = 64
+
+
+def straight(model, prefix, cluster, gbs, mbs, options: Options, best_latency: float = float("inf")) -> Optional[Estimate]:
+    """The DAPPLE DP restricted to one device per stage, seeded with the time-balanced partition
+    (the best of the two; the seed only lets the search prune sooner). Like search(), returns
+    None when nothing beats `best_latency`."""
     total = cluster.num_servers * cluster.devices_per_server
-    stages = min(total, len(candidate_cuts(prefix)) + 1, mbs * 0 + total)
+    stages = min(total, len(candidate_cuts(prefix)) + 1)
     start = _reserve(cluster, total - stages)
-    return search(model, prefix, cluster, gbs, mbs, options, replications=[1], start_used=start, straight=True)
+    seed = evaluate(model, prefix, cluster, balanced_stages(model, prefix, stages), gbs, mbs, options)
+    if not seed.feasible or seed.latency >= best_latency or (len(seed.stages) != stages
+                                                             and stages <= STRAIGHT_MAX_DP_STAGES):
+        seed = None  # the DP plans exactly `stages` stages; a seed with fewer is outside its space
+    if stages > STRAIGHT_MAX_DP_STAGES:
+        return seed  # the DP over hundreds of one-device stages is too slow; balanced partition only
+    floor = seed.latency if seed is not None else best_latency
+    found = search(model, prefix, cluster, gbs, mbs, options, best_latency=floor, replications=[1],
+                   start_used=start, straight=True)
+    return found if found is not None else seed
+
+
+def balanced_stages(model, prefix, parts):
+    """One device per block of the balance-by-time partition into at most `parts` blocks."""
+    n = model.num_layers
+    costs = [model.forward_ms[i] + model.backward_ms[i] for i in range(n)]
+    edges = [0] + balanced_partition(costs, candidate_cuts(prefix), parts) + [n]
+    return [(edges[i], edges[i + 1], (i,)) for i in range(len(edges) - 1)]
 
 
 def _reserve(cluster, count):
@@ -85,18 +109,44 @@ def balanced_partition(costs: List[float], boundaries: List[int], parts: int) ->
 
 def gpipe(model, prefix, cluster, gbs, mbs, options: Options) -> Estimate:
     total = cluster.num_servers * cluster.devices_per_server
-    n = model.num_layers
-    costs = [model.forward_ms[i] + model.backward_ms[i] for i in range(n)]
-    cuts = balanced_partition(costs, candidate_cuts(prefix), total)
-    edges = [0] + cuts + [n]
-    stages = [(edges[i], edges[i + 1], (i,)) for i in range(len(edges) - 1)]
-    return evaluate(model, prefix, cluster, stages, gbs, mbs, options, schedule="gpipe")
+    return evaluate(model, prefix, cluster, balanced_stages(model, prefix, total), gbs, mbs, options,
+                    schedule="gpipe")
 
 
 def pipedream(model, prefix, cluster, gbs, mbs, options: Options) -> Estimate:
     """PipeDream's hierarchical DP (level 1: devices of a server over NVLink; level 2: servers
-    over Ethernet), then the stages are laid out on consecutive devices."""
-    cuts = [0] + candidate_cuts(prefix) + [model.num_layers]
+    over Ethernet), then the stages are laid out on consecutive devices. The partition does not
+    depend on the micro-batch size, so it is computed once per (profile, cluster)."""
+    key = (id(prefix), cluster.num_servers, cluster.devices_per_server, cluster.intra_server_bandwidth,
+           cluster.inter_server_bandwidth)
+    cached = _PIPEDREAM_CACHE.get(key)
+    if cached is None or cached[0] is not prefix:
+        cached = _PIPEDREAM_CACHE[key] = (prefix, _pipedream_stages(model, prefix, cluster))
+        while len(_PIPEDREAM_CACHE) > 8:
+            _PIPEDREAM_CACHE.pop(next(iter(_PIPEDREAM_CACHE)))
+    return evaluate(model, prefix, cluster, cached[1], gbs, mbs, options)
+
+
+_PIPEDREAM_CACHE: dict = {}
+
+
+# Large inputs are coarsened so the O(cuts^3 units^2) DP stays fast: at most this many cut
+# positions (evenly spaced by compute) and, above 16 units, unit counts on a geometric grid.
+PIPEDREAM_MAX_CUTS = 64
+
+
+def _pipedream_stages(model, prefix, cluster):
+    inner = candidate_cuts(prefix)
+    if len(inner) > PIPEDREAM_MAX_CUTS:
+        total = prefix.fwd[-1] + prefix.bwd[-1]
+        picked = []
+        for q in range(1, PIPEDREAM_MAX_CUTS + 1):
+            goal = total * q / (PIPEDREAM_MAX_CUTS + 1)
+            c = min(inner, key=lambda x: abs(prefix.fwd[x] + prefix.bwd[x] - goal))
+            if c not in picked:
+                picked.append(c)
+        inner = sorted(picked)
+    cuts = [0] + inner + [model.num_layers]
     per, servers = cluster.devices_per_server, cluster.num_servers
     comp = [prefix.fwd[c] + prefix.bwd[c] for c in cuts]
     par = [prefix.params[c] for c in cuts]
@@ -105,14 +155,28 @@ def pipedream(model, prefix, cluster, gbs, mbs, options: Options) -> Estimate:
     def level(bw, units, block_time):
         """A(i, j, m): best (bottleneck, [(i, j, m)]) for cut-index range [i, j) on m units."""
 
+        rows = {}
+        grid = sorted({x for x in range(1, 5)} | {2**e for e in range(units.bit_length())}
+                      | {3 * 2**e for e in range(units.bit_length())})
+
+        def row(i, j):
+            """block_time(i, j, m) for m = 0..units (index 0 unused)."""
+            r = rows.get((i, j))
+            if r is None:
+                r = rows[(i, j)] = [0.0] + [block_time(i, j, m) for m in range(1, units + 1)]
+            return r
+
         @functools.lru_cache(maxsize=None)
         def a(i, j, m):
-            t = block_time(i, j, m)
+            t = row(i, j)[m]
             best = (t, ((i, j, m),))
             for mid in range(i + 1, j):
                 comm = 2 * prefix.cut[cuts[mid]] / bw * 1e3
-                for m2 in range(1, m):
-                    t2 = block_time(mid, j, m2)
+                if comm >= best[0]:
+                    continue
+                times = row(mid, j)
+                for m2 in (range(1, m) if units <= 16 else [x for x in grid if x < m]):
+                    t2 = times[m2]
                     if t2 >= best[0]:
                         continue
                     left = a(i, mid, m - m2)
@@ -150,4 +214,4 @@ def pipedream(model, prefix, cluster, gbs, mbs, options: Options) -> Estimate:
             stages.append((cuts[a], cuts[b], devs))
             offset += r
         server += m
-    return evaluate(model, prefix, cluster, stages, gbs, mbs, options)
+    return stages

@@ -13,6 +13,14 @@ Memory: a candidate whose planned stages (all but the last) do not fit on some d
 pruned (their K_i only grows as more stages are added); one whose last stage does not fit is
 kept for further splitting but is not a valid plan.
 
+Pruning (prune=True, the default): formula 2 with Algorithm 1 gives L >= M (F_s + B_s) for every
+stage s (checked on random stage lists in tests/test_planner_search.py), so a candidate is skipped
+when M (F+B) of one of its planned stages, or of the fastest possible stage for the remaining
+layers on the remaining devices (M (micro-batch * work / free devices + 2 overhead)), reaches the
+best latency found so far; complete plans are costed as soon as they are generated so that bound
+tightens early. prune=False is the plain memoized search (bound (M-1)(F_s+B_s) of planned stages
+only), the reference the tests compare against.
+
 Cut candidates: runs of layers with no compute and no parameters (e.g. tuple indexing) do not
 change any stage's compute or weights, so within such a run only the boundary with the fewest
 crossing bytes is considered (exact under this cost model).
@@ -26,9 +34,6 @@ from planner import cost_model as cm
 from planner.plan_eval import Estimate, Options, evaluate, warmup_counts
 
 PLACEMENT_POLICIES = ("fresh", "append", "scatter")
-# Device sets expanded per cut position (the lowest-latency ones): keeps planning time bounded
-# on large clusters; exhaustive search is beam=None.
-DEFAULT_BEAM = 8
 
 
 def place(used: Tuple[int, ...], count: int, per_server: int, policy: str) -> Optional[Tuple[int, ...]]:
@@ -128,19 +133,20 @@ class _State:
 def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batch_size: int, options: Options,
            best_latency: float = float("inf"), policies: Sequence[str] = PLACEMENT_POLICIES,
            replications: Optional[Sequence[int]] = None, start_used: Optional[Tuple[int, ...]] = None,
-           straight: bool = False, beam: Optional[int] = DEFAULT_BEAM) -> Optional[Estimate]:
+           straight: bool = False, prune: bool = True) -> Optional[Estimate]:
     """Runs the DP for one micro-batch size; returns the best feasible plan found whose latency
     is below `best_latency` (None if none).
 
     `replications` limits stage replication counts; `start_used` marks devices as unavailable
-    (per-server counts); `straight` accepts only plans whose last stage has one device; `beam`
-    bounds the device sets expanded per cut (None: all, the paper's exhaustive memoized search)."""
+    (per-server counts); `straight` accepts only plans whose last stage has one device; `prune`
+    adds the remaining-work bound (module docstring); prune=False is the plain memoized search."""
     per_server = cluster.devices_per_server
     total = all_devices = cluster.num_servers * per_server
     n = model.num_layers
     mbs = micro_batch_size
     m = global_batch_size // mbs
     m1 = m - 1
+    mult = m if prune else m1  # L >= M (F_s + B_s) for every stage s (tests/test_cost_model.py)
     oh = options.overhead_ms
     cuts = candidate_cuts(prefix)
     reps = list(replications) if replications is not None else replication_candidates(total, per_server)
@@ -149,9 +155,12 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
     overlap = options.overlap
     mem_cap = cluster.device_memory_bytes
     opt = options.optimizer_multiplier
+    pf, pb, pp = prefix.fwd, prefix.bwd, prefix.params
+    work = [pf[i] + pb[i] for i in range(n + 1)]
     ar_cache: Dict[Tuple[int, ...], float] = {}
     xfer_cache: Dict[Tuple, float] = {}
-    tail_cache: Dict[Tuple, float] = {}
+    cost_cache: Dict[Tuple, Tuple[float, float, float]] = {}
+    fits_cache: Dict[Tuple, bool] = {}
     free_cache: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
 
     def ar_per_byte(devs):
@@ -168,36 +177,46 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
         return v
 
     def stage_costs(first, end, devs):
+        key = (first, end, devs)
+        v = cost_cache.get(key)
+        if v is not None:
+            return v
         r = len(devs)
         sl = -(-mbs // r)
-        f = sl * (prefix.fwd[end] - prefix.fwd[first]) + oh
-        b = sl * (prefix.bwd[end] - prefix.bwd[first]) + oh
+        f = sl * (pf[end] - pf[first]) + oh
+        b = sl * (pb[end] - pb[first]) + oh
         if r == 1:
-            return f, b, 0.0
-        per_byte = ar_per_byte(devs)
-        if overlap:
-            key = (first, end, sl, per_byte)
-            t = tail_cache.get(key)
-            if t is None:
-                t = tail_cache[key] = cm.allreduce_tail_ms(model, first, end, sl, per_byte)
+            t = 0.0
+        elif overlap:
+            t = cm.allreduce_tail_ms(model, first, end, sl, ar_per_byte(devs))
         else:
-            t = (prefix.params[end] - prefix.params[first]) * per_byte
-        return f, b, t
+            t = (pp[end] - pp[first]) * ar_per_byte(devs)
+        v = cost_cache[key] = (f, b, t)
+        return v
 
-    def fits(first, end, devs, k):
-        sl = -(-mbs // len(devs))
-        return cm.memory_bytes(prefix, first, end, sl, k, opt) <= mem_cap
+    def fits(first, end, r, k):
+        key = (first, end, r, k)
+        v = fits_cache.get(key)
+        if v is None:
+            sl = -(-mbs // r)
+            v = fits_cache[key] = cm.memory_bytes(prefix, first, end, sl, k, opt) <= mem_cap
+        return v
+
+    def rest_bound(c, free):
+        """M (F+B) of the fastest possible stage holding layers [c, n) on `free` devices."""
+        if not prune or free <= 0:
+            return 0.0
+        return m * (mbs * (work[n] - work[c]) / free + 2 * oh)
 
     best: Optional[Estimate] = None
     best_l = best_latency
     if start_used is None:
         start_used = tuple([0] * cluster.num_servers)
-    total -= sum(start_used)
     root = _State([], [], [], [], 0.0, start_used, 0.0)
     frontier: Dict[int, Dict[Tuple[int, ...], _State]] = {0: {start_used: root}}
 
     def complete(state, c):
-        """Costs state + last stage [c, n) on all free devices; returns (L, feasible)."""
+        """Costs state + last stage [c, n) on all free devices; returns (L, devs) or None."""
         used = state.used
         devs = free_cache.get(used)
         if devs is None:
@@ -206,27 +225,24 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
         if not devs or len(devs) > mbs or (straight and len(devs) != 1):
             return None
         f, b, t = stage_costs(c, n, devs)
-        fw, bw, tl = list(state.fwd), list(state.bwd), list(state.tail)
         if state.stages:
             x = prefix.cut[c] * xfer(state.stages[-1][2], devs)
-            fw.append(x)
-            bw.append(x)
-            tl.append(0.0)
-        fw.append(f)
-        bw.append(b)
-        tl.append(t)
-        return cm.pipeline_latency(fw, bw, tl, m)[0], devs, (f, b, t)
+            fw, bw, tl = state.fwd + [x, f], state.bwd + [x, b], state.tail + [0.0, t]
+        else:
+            fw, bw, tl = [f], [b], [t]
+        return cm.pipeline_latency(fw, bw, tl, m)[0], devs
 
     for c in [0] + cuts:
         states = frontier.pop(c, None)
         if not states:
             continue
-        # Beam: expand only the `beam` lowest-latency device sets reached at this cut.
-        ranked = sorted(states.values(), key=lambda st: st.latency)
-        for state in ranked[:beam] if beam else ranked:
+        for state in sorted(states.values(), key=lambda st: st.latency):
             if state.steady_bound >= best_l:
                 continue
             num = len(state.stages)
+            free_total = all_devices - sum(state.used)
+            if rest_bound(c, free_total) >= best_l:
+                continue
             # The state as a complete plan.
             res = complete(state, c)
             if res is not None and res[0] < best_l:
@@ -236,10 +252,9 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
                     best, best_l = est, est.latency
             if num + 2 > max_stages:
                 continue
-            free_total = all_devices - sum(state.used)
             # K_i under policy A for the stages planned so far (only grows with more stages).
             s_total = num + 2
-            if not all(fits(a, e, d, min(s_total - i, m)) for i, (a, e, d) in enumerate(state.stages)):
+            if not all(fits(a, e, len(d), min(s_total - i, m)) for i, (a, e, d) in enumerate(state.stages)):
                 continue
             for r in reps:
                 if r >= free_total:
@@ -255,25 +270,24 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
                     seen.add(take)
                     placements.append((device_ids(state.used, take, per_server),
                                        tuple(u + k for u, k in zip(state.used, take))))
+                rest_free = free_total - r
                 for c2 in cuts:
                     if c2 <= c:
                         continue
-                    steady = m1 * (sl * (prefix.fwd[c2] - prefix.fwd[c] + prefix.bwd[c2] - prefix.bwd[c]) + 2 * oh)
+                    steady = mult * (sl * (work[c2] - work[c]) + 2 * oh)
                     if steady >= best_l:
                         break
+                    if rest_bound(c2, rest_free) >= best_l:
+                        continue
+                    if not fits(c, c2, r, min(2, m)):
+                        continue
                     for devs, new_used in placements:
-                        if not fits(c, c2, devs, min(2, m)):
-                            continue
                         f, b, t = stage_costs(c, c2, devs)
-                        fw, bw, tl = list(state.fwd), list(state.bwd), list(state.tail)
                         if state.stages:
                             x = prefix.cut[c] * xfer(state.stages[-1][2], devs)
-                            fw.append(x)
-                            bw.append(x)
-                            tl.append(0.0)
-                        fw.append(f)
-                        bw.append(b)
-                        tl.append(t)
+                            fw, bw, tl = state.fwd + [x, f], state.bwd + [x, b], state.tail + [0.0, t]
+                        else:
+                            fw, bw, tl = [f], [b], [t]
                         child = _State(state.stages + [(c, c2, devs)], fw, bw, tl, 0.0, new_used,
                                        max(state.steady_bound, steady))
                         res = complete(child, c2)
@@ -284,6 +298,12 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
                             child.latency = child.steady_bound + sum(fw) + sum(bw)
                         else:
                             child.latency = res[0]
+                            if prune and res[0] < best_l:
+                                # Cost it as a complete plan now: a lower best_l prunes sooner.
+                                est = evaluate(model, prefix, cluster, child.stages + [(c2, n, res[1])],
+                                               global_batch_size, mbs, options)
+                                if est.feasible and est.latency < best_l:
+                                    best, best_l = est, est.latency
                         bucket = frontier.setdefault(c2, {})
                         old = bucket.get(new_used)
                         if old is None or child.latency < old.latency:

@@ -44,12 +44,17 @@ def summarize(plan: plan_pb2.Plan) -> str:
         f"  speedup: {plan.speedup_over_single_device:.2f}x over one device, "
         f"{plan.speedup_over_data_parallel:.2f}x over data parallelism; ACR {plan.activation_communication_ratio:.2f}; "
         f"peak device memory {peak / GIB:.2f} GiB")
+    if plan.simulated_iteration_ms > 0:
+        diff = plan.simulated_iteration_ms / plan.estimated_iteration_ms - 1
+        lines.append(f"  analytic {plan.estimated_iteration_ms:.2f} ms vs simulated {plan.simulated_iteration_ms:.2f} ms "
+                     f"({diff:+.1%}; planner/simulator.py: pivot waits, optimizer step)")
     return "\n".join(lines)
 
 
 def comparison_table(plans: Dict[str, object]) -> str:
     """One row per planner: shape, M, L (ms), Tw/Ts/Te, speedups; or why it has no plan."""
-    header = f"{'planner':<11} {'shape':<22} {'M':>4} {'L ms':>10} {'Tw':>9} {'Ts':>9} {'Te':>9} {'x1dev':>7} {'xDP':>6}"
+    header = (f"{'planner':<11} {'shape':<22} {'M':>4} {'L ms':>10} {'Tw':>9} {'Ts':>9} {'Te':>9} {'x1dev':>7} "
+              f"{'xDP':>6} {'sim ms':>10}")
     rows = [header, "-" * len(header)]
     for name, plan in plans.items():
         if isinstance(plan, str):
@@ -58,5 +63,6 @@ def comparison_table(plans: Dict[str, object]) -> str:
         rows.append(
             f"{name:<11} {_shape(plan):<22} {plan.num_micro_batches:>4} {plan.estimated_iteration_ms:>10.2f} "
             f"{plan.warmup_ms:>9.2f} {plan.steady_ms:>9.2f} {plan.ending_ms:>9.2f} "
-            f"{plan.speedup_over_single_device:>7.2f} {plan.speedup_over_data_parallel:>6.2f}")
+            f"{plan.speedup_over_single_device:>7.2f} {plan.speedup_over_data_parallel:>6.2f} "
+            f"{plan.simulated_iteration_ms:>10.2f}")
     return "\n".join(rows)
