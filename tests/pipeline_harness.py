@@ -12,8 +12,27 @@ def cpu(i):
     return f"/device:CPU:{i}"
 
 
-def train_single(model_fn, x, y, make_optimizer, steps):
-    """Full-batch training on one device: (first-step gradients by name, final weights by name, losses)."""
+def _load(sess, variables, initial):
+    for v in variables:
+        if v.op.name in initial:
+            v.load(initial[v.op.name], sess)
+
+
+def initial_weights(model_fn, x, y):
+    """Values of the trainable variables after initialization on one device (by name)."""
+    with tf.Graph().as_default():
+        model_fn(tf.nest.map_structure(tf.constant, x), tf.constant(y))
+        variables = tf.compat.v1.trainable_variables()
+        with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            return dict(zip([v.op.name for v in variables], sess.run(variables)))
+
+
+def train_single(model_fn, x, y, make_optimizer, steps, initial=None):
+    """Full-batch training on one device: (first-step gradients by name, final weights by name, losses).
+
+    `initial` (name -> value) overrides the initializers, for models with random ones.
+    """
     with tf.Graph().as_default():
         loss = model_fn(tf.nest.map_structure(tf.constant, x), tf.constant(y))
         variables = tf.compat.v1.trainable_variables()
@@ -22,6 +41,7 @@ def train_single(model_fn, x, y, make_optimizer, steps):
         grads = [tf.convert_to_tensor(g) for g in raw]
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
+            _load(sess, variables, initial or {})
             first_grads = dict(zip([v.op.name for v in variables], sess.run(grads)))
             losses = []
             for _ in range(steps):
@@ -30,7 +50,7 @@ def train_single(model_fn, x, y, make_optimizer, steps):
     return first_grads, weights, losses
 
 
-def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_metadata=None):
+def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_metadata=None, initial=None):
     """The same through build_pipeline; also returns the handle and every variable copy's value."""
     with tf.Graph().as_default():
         handle = dapple_tf.build_pipeline(
@@ -40,6 +60,9 @@ def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_m
         names = [v.op.name for _, v in handle.grads_and_vars]
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(handle.initializer)
+            if initial:
+                _load(sess, [v for _, v in handle.grads_and_vars], initial)
+                sess.run(handle.local_init_op)  # the copies follow the loaded values
             first_grads = dict(zip(names, sess.run(grads)))
             losses = []
             for step in range(steps):
