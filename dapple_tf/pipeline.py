@@ -23,7 +23,7 @@ from dapple_tf.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
 from dapple_tf.replicas import VariableCopies, canonical_device
 from dapple_tf.stage_builder import StageBuilder
-from planner.schedule import BACKWARD, FORWARD, SCHEDULE_KINDS, Schedule, Task
+from planner.schedule import SCHEDULE_KINDS, Schedule, Task
 from planner.schemas import plan_pb2
 
 

@@ -11,7 +11,7 @@ micro-batches and replicas gives exactly the full-batch mean and its gradient.
 """
 
 import dataclasses
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Tuple
 
 import tensorflow as tf
 

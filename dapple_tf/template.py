@@ -15,7 +15,7 @@ Nothing here runs the graph.
 """
 
 import dataclasses
-from typing import Dict, List, Sequence, Set, Tuple
+from typing import Dict, List, Sequence, Set
 
 import tensorflow as tf
 

@@ -14,7 +14,6 @@ Example:
   dapple_demo --num_stages=2        # a forced two-stage pipeline
 """
 
-import sys
 import time
 
 import numpy as np
