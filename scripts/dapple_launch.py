@@ -4,6 +4,8 @@ Example:
   dapple_launch --plan=plan.json --format=tf_config --workers=host1:2222,host2:2222
 """
 
+import sys
+
 from absl import flags
 
 from scripts.cli import run_main
@@ -17,7 +19,8 @@ flags.DEFINE_string("output", None, "Where to write the spec (stdout if unset)."
 
 def main(argv):
     del argv
-    raise NotImplementedError("dapple_launch: not implemented yet")
+    print("dapple_launch: writing cluster job specs is not implemented yet; see README.md", file=sys.stderr)
+    return 2
 
 
 def run():

@@ -4,6 +4,8 @@ Example:
   dapple_train --model=mlp --plan=plan.json --steps=100
 """
 
+import sys
+
 from absl import flags
 
 from scripts.cli import run_main
@@ -18,7 +20,8 @@ flags.DEFINE_string("model_dir", None, "Checkpoint directory.")
 
 def main(argv):
     del argv
-    raise NotImplementedError("dapple_train: not implemented yet")
+    print("dapple_train: not implemented yet; dapple_demo trains a model end to end (README.md)", file=sys.stderr)
+    return 2
 
 
 def run():
