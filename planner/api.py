@@ -4,6 +4,15 @@ Planners: dapple (the DP of planner/dapple_planner.py, never worse than any base
 baseline plan is returned if the DP finds nothing better), dp, dp_overlap, straight, gpipe,
 pipedream (planner/baselines.py). Each tries every candidate micro-batch size and keeps the
 fastest plan that fits in memory.
+
+Selection by simulation (plan(..., simulate=True), plan_all's default): the DAPPLE search keeps
+its SIM_CANDIDATES best distinct plans by analytic latency (over all micro-batch sizes); each of
+them and each baseline's best plan is run through planner/simulator.py and the one with the
+lowest simulated iteration time is returned (ties: lower analytic latency). Its estimated
+iteration time, Tw/Ts/Te and pivot stay formula 2's. The analytic L is optimistic when M is
+small and cuts are slow (the pivot waits for the round trip through later stages), which the
+simulator sees. Skipped on clusters of more than LARGE_CLUSTER_DEVICES devices (plain analytic
+choice there; the simulator is too slow for the time target).
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 from planner import baselines
 from planner import cost_model as cm
-from planner.dapple_planner import candidate_cuts, search
+from planner.dapple_planner import LARGE_CLUSTER_DEVICES, LARGE_PREPASS_CUTS, TopK, candidate_cuts, search
 from planner.plan_eval import Estimate, Options, evaluate, single_device_ms, to_plan
 from planner.profile import LayerCostProfile, ModelProfile
 from planner.schemas import plan_pb2
@@ -20,6 +29,7 @@ from planner.schemas import plan_pb2
 PLANNERS = ("dapple", "dp", "dp_overlap", "straight", "gpipe", "pipedream")
 BASELINES = PLANNERS[1:]
 DEFAULT_MAX_MICRO_BATCHES = 64
+SIM_CANDIDATES = 8
 
 
 class PlanningError(ValueError):
@@ -47,7 +57,9 @@ def micro_batch_sizes(global_batch_size: int, requested: Optional[Sequence[int]]
     return [s for s in valid if global_batch_size // s <= max_micro_batches]
 
 
-def _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l=float("inf")) -> Optional[Estimate]:
+def _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l=float("inf"), top=None) -> Optional[Estimate]:
+    if name == "dapple_prepass":
+        return search(model, prefix, cluster, gbs, mbs, options, best_latency=best_l, max_cuts=LARGE_PREPASS_CUTS)
     if name == "dp":
         return baselines.data_parallel(model, prefix, cluster, gbs, mbs, options, overlap=False)
     if name == "dp_overlap":
@@ -59,15 +71,16 @@ def _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l=float("inf"
     if name == "pipedream":
         return baselines.pipedream(model, prefix, cluster, gbs, mbs, options)
     if name == "dapple":
-        return search(model, prefix, cluster, gbs, mbs, options, best_latency=best_l)
+        return search(model, prefix, cluster, gbs, mbs, options, best_latency=best_l, top=top)
     raise PlanningError(f"unknown planner {name!r}; expected one of {', '.join(PLANNERS)} or all")
 
 
-def best_estimate(name, model, prefix, cluster, gbs, options, sizes, best_l=float("inf")):
-    """(best feasible Estimate or None, first infeasible Estimate seen) over micro-batch sizes."""
+def best_estimate(name, model, prefix, cluster, gbs, options, sizes, best_l=float("inf"), top=None):
+    """(best feasible Estimate or None, first infeasible Estimate seen) over micro-batch sizes.
+    With `top` (a TopK, dapple only) the search also collects its best distinct plans there."""
     best, infeasible = None, None
     for mbs in sizes:
-        est = _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l)
+        est = _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l, top)
         if est is None:
             continue
         if not est.feasible:
@@ -112,8 +125,22 @@ def memory_error(model, prefix, cluster, options, sizes, global_batch_size) -> s
     return ""
 
 
-def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dapple", **options) -> Dict[str, object]:
-    """Runs one planner (or "all"); returns {name: Estimate or an error string}."""
+def choose_by_simulation(candidates: Sequence[Estimate], model, cluster, global_batch_size: int):
+    """(the candidate with the lowest simulated iteration time, {id(candidate): simulated ms})."""
+    from planner.sim_adapter import simulate_plan  # pylint: disable=import-outside-toplevel
+
+    sims = {}
+    for est in candidates:
+        proto = to_plan(est, model, cluster, global_batch_size, "dapple")
+        sims[id(est)] = simulate_plan(proto, model).iteration_ms
+    chosen = min(candidates, key=lambda e: (sims[id(e)], e.latency))
+    return chosen, sims
+
+
+def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dapple", select_by_simulation: bool = False,
+                   **options) -> Dict[str, object]:
+    """Runs one planner (or "all"); returns {"results": {name: Estimate or an error string},
+    "simulated": {id(Estimate): ms} for the plans simulated during selection, ...}."""
     model = ModelProfile.from_proto(profile) if isinstance(profile, LayerCostProfile) else profile
     prefix = cm.Prefix(model)
     opts = _options(options)
@@ -122,6 +149,7 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
     if planner not in PLANNERS and planner != "all":
         raise PlanningError(f"unknown planner {planner!r}; expected one of {', '.join(PLANNERS)} or all")
     results: Dict[str, object] = {}
+    simulated: Dict[int, float] = {}
     for name in BASELINES if "dapple" in names else names:
         best, bad = best_estimate(name, model, prefix, cluster, global_batch_size, opts, sizes)
         if best is None:
@@ -131,7 +159,18 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
     if "dapple" in names:
         base = [r for r in results.values() if isinstance(r, Estimate)]
         floor = min((r.latency for r in base), default=float("inf"))
-        best, bad = best_estimate("dapple", model, prefix, cluster, global_batch_size, opts, sizes, floor)
+        seed = None
+        if cluster.num_servers * cluster.devices_per_server > LARGE_CLUSTER_DEVICES:
+            # Large clusters: a coarse pass first; its best plan bounds the full search.
+            seed, _ = best_estimate("dapple_prepass", model, prefix, cluster, global_batch_size, opts, sizes, floor)
+            floor = seed.latency if seed is not None else floor
+        use_sim = select_by_simulation and cluster.num_servers * cluster.devices_per_server <= LARGE_CLUSTER_DEVICES
+        top = TopK(SIM_CANDIDATES) if use_sim else None
+        best, bad = best_estimate("dapple", model, prefix, cluster, global_batch_size, opts, sizes,
+                                  float("inf") if use_sim else floor, top)
+        best = best or seed
+        if use_sim and (top.plans or base):
+            best, simulated = choose_by_simulation(top.plans + base, model, cluster, global_batch_size)
         if best is None and base:
             best = min(base, key=lambda r: r.latency)
         if best is None:
@@ -144,7 +183,7 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
             results["dapple"] = best
         if planner != "all":
             results = {"dapple": results["dapple"]}
-    return {"model": model, "prefix": prefix, "results": results, "options": opts}
+    return {"model": model, "prefix": prefix, "results": results, "options": opts, "simulated": simulated}
 
 
 def plan(profile, cluster, global_batch_size: int, planner: str = "dapple", simulate: bool = False,
@@ -164,7 +203,7 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", sim
     Raises PlanningError when the requested single planner has no feasible plan."""
     from planner.sim_adapter import simulate_plan  # pylint: disable=import-outside-toplevel
 
-    out = plan_estimates(profile, cluster, global_batch_size, planner, **options)
+    out = plan_estimates(profile, cluster, global_batch_size, planner, select_by_simulation=simulate, **options)
     model, prefix, results = out["model"], out["prefix"], out["results"]
     single = single_device_ms(prefix, global_batch_size)
     dp = [results.get(k) for k in ("dp", "dp_overlap")]
@@ -178,7 +217,8 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", sim
         if isinstance(r, Estimate):
             plans[name] = to_plan(r, model, cluster, global_batch_size, name, single, dp_ms)
             if simulate:
-                plans[name].simulated_iteration_ms = simulate_plan(plans[name], model).iteration_ms
+                sim = out["simulated"].get(id(r))
+                plans[name].simulated_iteration_ms = sim if sim is not None else simulate_plan(plans[name], model).iteration_ms
         else:
             if planner != "all":
                 raise PlanningError(f"{name}: {r}")

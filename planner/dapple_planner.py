@@ -24,6 +24,17 @@ only), the reference the tests compare against.
 Cut candidates: runs of layers with no compute and no parameters (e.g. tuple indexing) do not
 change any stage's compute or weights, so within such a run only the boundary with the fewest
 crossing bytes is considered (exact under this cost model).
+
+Large clusters (more than LARGE_CLUSTER_DEVICES devices; the paper's 16-device configurations
+are never affected) use an approximate, smaller search space so that planning stays under a
+minute for 256 layers on 128 x 8 devices:
+- replication counts are powers of two up to one server and whole servers on a geometric grid
+  (replication_candidates);
+- only the Append First placement is tried, so every stage is a contiguous range of device ids
+  and a state is identified by (cut, devices used);
+- when there are more than LARGE_MAX_CUTS cut candidates they are thinned to LARGE_MAX_CUTS
+  evenly spaced by compute (coarsen_cuts); planner/api.py first runs a pass with
+  LARGE_PREPASS_CUTS cuts, whose best plan seeds the bound of the full pass.
 """
 
 from __future__ import annotations
@@ -34,6 +45,9 @@ from planner import cost_model as cm
 from planner.plan_eval import Estimate, Options, evaluate, warmup_counts
 
 PLACEMENT_POLICIES = ("fresh", "append", "scatter")
+LARGE_CLUSTER_DEVICES = 64
+LARGE_MAX_CUTS = 64
+LARGE_PREPASS_CUTS = 16
 
 
 def place(used: Tuple[int, ...], count: int, per_server: int, policy: str) -> Optional[Tuple[int, ...]]:
@@ -81,8 +95,24 @@ def place(used: Tuple[int, ...], count: int, per_server: int, policy: str) -> Op
     return tuple(take)
 
 
-def device_ids(used: Tuple[int, ...], take: Tuple[int, ...], per_server: int) -> Tuple[int, ...]:
-    return tuple(s * per_server + used[s] + i for s in range(len(take)) for i in range(take[s]))
+def device_ids(used: Tuple[int, ...], take: Tuple[int, ...], per_server: int) -> Sequence[int]:
+    """The device ids a placement takes; a range when they are contiguous (cheap to hash)."""
+    blocks = [(s * per_server + used[s], take[s]) for s in range(len(take)) if take[s]]
+    if all(a + k == b for (a, k), (b, _) in zip(blocks, blocks[1:])):
+        return range(blocks[0][0], blocks[-1][0] + blocks[-1][1]) if blocks else ()
+    return tuple(a + i for a, k in blocks for i in range(k))
+
+
+def coarsen_cuts(prefix: cm.Prefix, cuts: List[int], limit: int) -> List[int]:
+    """At most `limit` of `cuts`, the ones closest to evenly spaced fractions of total compute."""
+    if len(cuts) <= limit:
+        return cuts
+    work = [f + b for f, b in zip(prefix.fwd, prefix.bwd)]
+    picked = set()
+    for q in range(1, limit + 1):
+        goal = work[-1] * q / (limit + 1)
+        picked.add(min(cuts, key=lambda x: (abs(work[x] - goal), x)))
+    return sorted(picked)
 
 
 def candidate_cuts(prefix: cm.Prefix) -> List[int]:
@@ -103,11 +133,12 @@ def candidate_cuts(prefix: cm.Prefix) -> List[int]:
 
 
 def replication_candidates(total: int, per_server: int) -> List[int]:
-    """All counts 1..total-1 on small clusters (<= 64 devices); on large ones 1..per_server and
-    whole-server multiples on a roughly geometric grid (1, 2, 3, 4, 6, 8, 12, 16, ... servers)."""
-    if total <= 64:
+    """All counts 1..total-1 on small clusters (<= LARGE_CLUSTER_DEVICES devices); on large ones
+    powers of two up to per_server and whole-server multiples on a roughly geometric grid
+    (1, 2, 3, 4, 6, 8, 12, 16, ... servers)."""
+    if total <= LARGE_CLUSTER_DEVICES:
         return list(range(1, total))
-    out = set(range(1, per_server + 1))
+    out = {1 << e for e in range(per_server.bit_length()) if 1 << e <= per_server}
     k = 1
     while k * per_server < total:
         out.add(k * per_server)
@@ -115,6 +146,36 @@ def replication_candidates(total: int, per_server: int) -> List[int]:
             out.add((3 * k // 2) * per_server)
         k *= 2
     return sorted(x for x in out if x < total)
+
+
+class TopK:
+    """The k lowest-latency distinct feasible plans offered so far (several searches may share
+    one, e.g. over micro-batch sizes). bound() is what a search must beat to matter: the k-th
+    latency once k plans are kept, else `limit`."""
+
+    def __init__(self, k: int, limit: float = float("inf")):
+        self.k = k
+        self.limit = limit
+        self.plans: List[Estimate] = []
+        self._keys = set()
+
+    def bound(self) -> float:
+        if len(self.plans) >= self.k:
+            return min(self.limit, self.plans[-1].latency)
+        return self.limit
+
+    def offer(self, est: Estimate) -> None:
+        if not est.feasible or est.latency >= self.bound():
+            return
+        key = (est.micro_batch_size, tuple((a, b, tuple(d)) for a, b, d in est.stages))
+        if key in self._keys:
+            return
+        self._keys.add(key)
+        self.plans.append(est)
+        self.plans.sort(key=lambda e: e.latency)
+        while len(self.plans) > self.k:
+            gone = self.plans.pop()
+            self._keys.discard((gone.micro_batch_size, tuple((a, b, tuple(d)) for a, b, d in gone.stages)))
 
 
 class _State:
@@ -133,13 +194,16 @@ class _State:
 def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batch_size: int, options: Options,
            best_latency: float = float("inf"), policies: Sequence[str] = PLACEMENT_POLICIES,
            replications: Optional[Sequence[int]] = None, start_used: Optional[Tuple[int, ...]] = None,
-           straight: bool = False, prune: bool = True) -> Optional[Estimate]:
+           straight: bool = False, prune: bool = True, max_cuts: Optional[int] = None,
+           top: Optional[TopK] = None) -> Optional[Estimate]:
     """Runs the DP for one micro-batch size; returns the best feasible plan found whose latency
     is below `best_latency` (None if none).
 
     `replications` limits stage replication counts; `start_used` marks devices as unavailable
     (per-server counts); `straight` accepts only plans whose last stage has one device; `prune`
-    adds the remaining-work bound (module docstring); prune=False is the plain memoized search."""
+    adds the remaining-work bound (module docstring); prune=False is the plain memoized search;
+    `max_cuts` overrides LARGE_MAX_CUTS on large clusters; with `top`, every complete feasible plan
+    is offered to it and the search prunes against top.bound() (also capped by `best_latency`)."""
     per_server = cluster.devices_per_server
     total = all_devices = cluster.num_servers * per_server
     n = model.num_layers
@@ -149,6 +213,9 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
     mult = m if prune else m1  # L >= M (F_s + B_s) for every stage s (tests/test_cost_model.py)
     oh = options.overhead_ms
     cuts = candidate_cuts(prefix)
+    if total > LARGE_CLUSTER_DEVICES:
+        cuts = coarsen_cuts(prefix, cuts, max_cuts or LARGE_MAX_CUTS)
+        policies = [p for p in policies if p == "append"] or list(policies)[:1]
     reps = list(replications) if replications is not None else replication_candidates(total, per_server)
     reps = [r for r in reps if r <= mbs]
     max_stages = options.max_stages or n
@@ -170,27 +237,33 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
         return v
 
     def xfer(src, dst):
-        key = (src, dst)
+        if isinstance(src, range) and isinstance(dst, range):
+            # Contiguous ranges: the cost is invariant under shifts by whole servers.
+            base = src.start - src.start % per_server
+            key = (src.start - base, len(src), dst.start - base, len(dst))
+        else:
+            key = (src, dst)
         v = xfer_cache.get(key)
         if v is None:
             v = xfer_cache[key] = cm.transfer_ms_per_byte(cluster, src, dst, mbs)
         return v
 
     def stage_costs(first, end, devs):
-        key = (first, end, devs)
+        r = len(devs)
+        per_byte = ar_per_byte(devs)
+        key = (first, end, r, per_byte)
         v = cost_cache.get(key)
         if v is not None:
             return v
-        r = len(devs)
         sl = -(-mbs // r)
         f = sl * (pf[end] - pf[first]) + oh
         b = sl * (pb[end] - pb[first]) + oh
         if r == 1:
             t = 0.0
         elif overlap:
-            t = cm.allreduce_tail_ms(model, first, end, sl, ar_per_byte(devs))
+            t = cm.allreduce_tail_ms(model, first, end, sl, per_byte)
         else:
-            t = (pp[end] - pp[first]) * ar_per_byte(devs)
+            t = (pp[end] - pp[first]) * per_byte
         v = cost_cache[key] = (f, b, t)
         return v
 
@@ -209,7 +282,19 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
         return m * (mbs * (work[n] - work[c]) / free + 2 * oh)
 
     best: Optional[Estimate] = None
-    best_l = best_latency
+    if top is not None:
+        top.limit = min(top.limit, best_latency)
+    best_l = best_latency if top is None else top.bound()
+
+    def consider(est):
+        """Records a costed complete plan; returns the new pruning bound."""
+        nonlocal best
+        if est.feasible and (best is None or est.latency < best.latency) and est.latency < best_latency:
+            best = est
+        if top is not None:
+            top.offer(est)
+            return top.bound()
+        return best.latency if best is not None else best_latency
     if start_used is None:
         start_used = tuple([0] * cluster.num_servers)
     root = _State([], [], [], [], 0.0, start_used, 0.0)
@@ -220,8 +305,10 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
         used = state.used
         devs = free_cache.get(used)
         if devs is None:
-            devs = free_cache[used] = tuple(
-                s * per_server + i for s in range(len(used)) for i in range(used[s], per_server))
+            ids = tuple(s * per_server + i for s in range(len(used)) for i in range(used[s], per_server))
+            if ids and ids[-1] - ids[0] == len(ids) - 1:
+                ids = range(ids[0], ids[-1] + 1)
+            devs = free_cache[used] = ids
         if not devs or len(devs) > mbs or (straight and len(devs) != 1):
             return None
         f, b, t = stage_costs(c, n, devs)
@@ -248,8 +335,7 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
             if res is not None and res[0] < best_l:
                 stages = state.stages + [(c, n, res[1])]
                 est = evaluate(model, prefix, cluster, stages, global_batch_size, mbs, options)
-                if est.feasible and est.latency < best_l:
-                    best, best_l = est, est.latency
+                best_l = consider(est)
             if num + 2 > max_stages:
                 continue
             # K_i under policy A for the stages planned so far (only grows with more stages).
@@ -302,8 +388,7 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
                                 # Cost it as a complete plan now: a lower best_l prunes sooner.
                                 est = evaluate(model, prefix, cluster, child.stages + [(c2, n, res[1])],
                                                global_batch_size, mbs, options)
-                                if est.feasible and est.latency < best_l:
-                                    best, best_l = est, est.latency
+                                best_l = consider(est)
                         bucket = frontier.setdefault(c2, {})
                         old = bucket.get(new_used)
                         if old is None or child.latency < old.latency:

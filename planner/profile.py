@@ -38,7 +38,8 @@ _METRIC_KEYS = ("forward_compute_time", "backward_compute_time", "activation_siz
 
 
 class ProfileError(ValueError):
-    """A profile that cannot be read; the message starts with `<path>:<line>:`."""
+    """A profile that cannot be read; the message starts with `<path>:<line>:` (`<path>:` alone for
+    a cycle in a protobuf profile, which has no lines: the message names the layers on it)."""
 
 
 def batch_size_from_name(path: str) -> Optional[int]:
@@ -285,7 +286,7 @@ def validate_profile(profile: LayerCostProfile, path: str = "<profile>") -> Laye
     try:
         topo = topological_order(names, inputs)
     except ValueError as e:
-        raise ProfileError(f"{path}:0: {e}") from None
+        raise ProfileError(f"{path}: layers form a {e}") from None
     if topo == names and all(layer.index == i for i, layer in enumerate(profile.layers)):
         return profile
     by_name = {layer.name: layer for layer in profile.layers}

@@ -2,7 +2,9 @@
 
   python -m scripts.bench_planner [--synthetic_layers=256 --synthetic_servers=128]
 Targets (issue 4): BERT-48 on paper_a < 0.5 s; GNMT-16 on paper_a < 5 s; a synthetic 256-layer
-chain on 128 servers x 8 devices < 60 s.
+chain on 128 servers x 8 devices < 60 s. Times plan() as the library default (analytic choice);
+for the 16-device cases also with simulate=True (selection among the best candidates by simulated
+time, what dapple_plan does).
 """
 
 import time
@@ -50,7 +52,15 @@ def main(argv):
         shape = ":".join(str(len(s.device_ids)) for s in p.stages)
         print(f"{name:<14} {cluster} {c.num_servers}x{c.devices_per_server} GBS {gbs}: {took:7.2f} s "
               f"(target < {target} s, {'ok' if took < target else 'SLOW'}); plan {shape}, "
-              f"L {p.estimated_iteration_ms:.1f} ms")
+              f"L {p.estimated_iteration_ms:.1f} ms", flush=True)
+        if servers is None:
+            start = time.perf_counter()
+            p = plan(profile, c, gbs, simulate=True)
+            took = time.perf_counter() - start
+            shape = ":".join(str(len(s.device_ids)) for s in p.stages)
+            print(f"{'  +simulate':<14} {cluster} {c.num_servers}x{c.devices_per_server} GBS {gbs}: {took:7.2f} s; "
+                  f"plan {shape}, L {p.estimated_iteration_ms:.1f} ms, simulated {p.simulated_iteration_ms:.1f} ms",
+                  flush=True)
     return 0
 
 

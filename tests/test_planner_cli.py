@@ -51,3 +51,12 @@ def test_model_too_big(tmp_path):
     r = run(f"--profile={VGG}", "--global_batch_size=32", f"--cluster={cluster}")
     assert r.returncode == 1
     assert "error: dapple: the model fits no plan in memory: layer node23 (FC1) alone needs 1.46 GiB" in r.stderr
+
+
+def test_local_cluster_num_devices(tmp_path):
+    out = str(tmp_path / "plan.json")
+    r = run(f"--profile={VGG}", "--global_batch_size=32", "--cluster=local", "--num_devices=3", f"--output={out}")
+    assert r.returncode == 0, r.stderr
+    plan = json.load(open(out))
+    assert plan["cluster"]["num_servers"] == 1 and plan["cluster"]["devices_per_server"] == 3
+    assert sorted(d for s in plan["stages"] for d in s["device_ids"]) == [0, 1, 2]

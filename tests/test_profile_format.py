@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from planner.profile import (ModelProfile, ProfileError, format_pipedream, load_profile, parse_pipedream,
+from planner.profile import (LayerCostProfile, ModelProfile, ProfileError, format_pipedream, load_profile, parse_pipedream,
                              read_pipedream, write_pipedream)
 from planner.schemas import write_message
 
@@ -76,3 +76,14 @@ def test_model_profile_per_sample():
     m = ModelProfile.from_proto(read_pipedream("/work/shared/profiles/vgg-19-pbs-32.txt"))
     assert m.forward_ms[1] == pytest.approx(3.4 / 32)
     assert m.last_use[0] == 1 and m.last_use[25] == 25
+
+
+def test_proto_cycle_names_layers(tmp_path):
+    p = LayerCostProfile(model_name="c", batch_size=2)
+    p.layers.add(name="a", inputs=["b"])
+    p.layers.add(name="b", inputs=["a"])
+    path = str(tmp_path / "c.pbtxt")
+    write_message(p, path)
+    with pytest.raises(ProfileError) as e:
+        load_profile(path)
+    assert str(e.value) == f"{path}: layers form a cycle: b -> a -> b"
