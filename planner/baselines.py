@@ -14,9 +14,8 @@
 from __future__ import annotations
 
 import functools
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
-from planner import cost_model as cm
 from planner.dapple_planner import candidate_cuts, search
 from planner.plan_eval import Estimate, Options, evaluate
 

@@ -27,7 +27,7 @@ smallest micro-batch always best.
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from planner.profile import ModelProfile
 

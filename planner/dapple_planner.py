@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from planner import cost_model as cm
-from planner.plan_eval import Estimate, Options, evaluate, warmup_counts
+from planner.plan_eval import Estimate, Options, evaluate
 
 PLACEMENT_POLICIES = ("fresh", "append", "scatter")
 LARGE_CLUSTER_DEVICES = 64

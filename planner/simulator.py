@@ -30,7 +30,7 @@ import dataclasses
 import heapq
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from planner.schedule import BACKWARD, FORWARD, Schedule
+from planner.schedule import FORWARD, Schedule
 
 # Event kinds, in drawing order.
 KIND_FORWARD = "forward"

@@ -13,10 +13,9 @@ from planner.gantt import draw_gantt
 from planner.schedule import build_schedule
 from planner.simulator import StageCost, simulate
 from planner.trace import write_trace
+from tests.shared_profiles import PROFILES, requires_profiles
 
-BERT = "/work/shared/profiles/bert-48-pbs-2.txt"
-if not os.path.exists(BERT):
-    BERT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "profiles", "bert-48-pbs-2.txt")
+BERT = PROFILES + "bert-48-pbs-2.txt"
 
 
 def png_size(path):
@@ -93,7 +92,7 @@ def test_gantt_errors(tmp_path):
         draw_gantt([example(), example()], str(tmp_path / "x.png"), titles=["one"])
 
 
-@pytest.mark.skipif(not os.path.exists(BERT), reason="shared BERT-48 profile not found")
+@requires_profiles
 def test_simulate_cli_writes_trace_and_png(tmp_path):
     from planner.cluster import preset_cluster
     from planner.plan_eval import Options, evaluate, to_plan

@@ -4,9 +4,10 @@ import json
 import os
 import subprocess
 import sys
+from tests.shared_profiles import PROFILES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VGG = "/work/shared/profiles/vgg-19-pbs-32.txt"
+VGG = PROFILES + "vgg-19-pbs-32.txt"
 
 
 def run(*args):

@@ -4,8 +4,9 @@ infeasible plan, and memory_error's "one stage per device" message for straight 
 from planner.api import plan_all
 from planner.cluster import make_cluster
 from planner.profile import load_profile
+from tests.shared_profiles import PROFILES
 
-VGG = "/work/shared/profiles/vgg-19-pbs-32.txt"
+VGG = PROFILES + "vgg-19-pbs-32.txt"
 
 
 def test_stage_and_straight_memory_messages():

@@ -10,8 +10,8 @@ from planner.cluster import make_cluster, preset_cluster
 from planner.dapple_planner import search
 from planner.plan_eval import Options
 from planner.profile import ModelProfile, load_profile
+from tests.shared_profiles import PROFILES
 
-PROFILES = "/work/shared/profiles/"
 
 
 def test_latency_bound_used_for_pruning():

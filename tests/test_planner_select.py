@@ -10,8 +10,8 @@ from planner.dapple_planner import TopK, coarsen_cuts, replication_candidates
 from planner.plan_eval import Estimate
 from planner.profile import ModelProfile, load_profile
 from planner.sim_adapter import simulate_plan
+from tests.shared_profiles import PROFILES
 
-PROFILES = "/work/shared/profiles/"
 
 
 def test_simulated_choice_beats_analytic_choice_bert_a():

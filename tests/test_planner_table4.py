@@ -14,8 +14,8 @@ import pytest
 from planner.api import plan
 from planner.cluster import preset_cluster
 from planner.profile import load_profile
+from tests.shared_profiles import PROFILES
 
-PROFILES = "/work/shared/profiles/"
 
 
 @functools.lru_cache(maxsize=None)

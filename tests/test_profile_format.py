@@ -1,19 +1,19 @@
 """PipeDream text profiles: parse, round trip, topological order, and errors with file:line."""
 
 import glob
-import os
 
 import pytest
 
 from planner.profile import (LayerCostProfile, ModelProfile, ProfileError, format_pipedream, load_profile, parse_pipedream,
                              read_pipedream, write_pipedream)
 from planner.schemas import write_message
+from tests.shared_profiles import PROFILES
 
-PROFILES = sorted(glob.glob("/work/shared/profiles/*.txt"))
+SHIPPED = sorted(glob.glob(PROFILES + "*.txt"))
 NODE = "{} -- {} -- forward_compute_time={}, backward_compute_time=2.0, activation_size={}, parameter_size=8.0"
 
 
-@pytest.mark.parametrize("path", PROFILES)
+@pytest.mark.parametrize("path", SHIPPED)
 def test_round_trip_shipped(path, tmp_path):
     p = read_pipedream(path)
     assert p == parse_pipedream(format_pipedream(p), path=path)
@@ -24,9 +24,9 @@ def test_round_trip_shipped(path, tmp_path):
 
 
 def test_shipped_counts():
-    vgg = read_pipedream("/work/shared/profiles/vgg-19-pbs-32.txt")
+    vgg = read_pipedream(PROFILES + "vgg-19-pbs-32.txt")
     assert (vgg.model_name, vgg.batch_size, len(vgg.layers)) == ("vgg-19", 32, 26)
-    gnmt = read_pipedream("/work/shared/profiles/gnmt-16-pbs-64.txt")
+    gnmt = read_pipedream(PROFILES + "gnmt-16-pbs-64.txt")
     names = [l.name for l in gnmt.layers]
     assert names[:4] == ["node1", "node4", "node2", "node5"]  # node2 moved before its consumer node5
     lstm = gnmt.layers[names.index("node7")]
@@ -66,14 +66,14 @@ def test_batch_size_required():
 
 @pytest.mark.parametrize("ext", [".pb", ".pbtxt", ".json"])
 def test_load_profile_proto(tmp_path, ext):
-    p = read_pipedream(PROFILES[0])
+    p = read_pipedream(SHIPPED[0])
     path = str(tmp_path / ("p" + ext))
     write_message(p, path)
     assert load_profile(path) == p
 
 
 def test_model_profile_per_sample():
-    m = ModelProfile.from_proto(read_pipedream("/work/shared/profiles/vgg-19-pbs-32.txt"))
+    m = ModelProfile.from_proto(read_pipedream(PROFILES + "vgg-19-pbs-32.txt"))
     assert m.forward_ms[1] == pytest.approx(3.4 / 32)
     assert m.last_use[0] == 1 and m.last_use[25] == 25
 

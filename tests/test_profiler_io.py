@@ -9,9 +9,9 @@ import pytest
 
 import models
 import profiler
+from tests.shared_profiles import PROFILES
 
-SHARED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "profiles", "*.txt"))
-                + glob.glob("/work/shared/profiles/*.txt"), key=os.path.basename)
+SHARED = sorted(glob.glob(PROFILES + "*.txt"))
 SHARED = list({os.path.basename(p): p for p in SHARED}.values())
 FORMATS = (".txt", ".pb", ".pbtxt", ".json")
 

@@ -24,11 +24,9 @@ from planner.sim_adapter import (
     simulate_plan,
     stage_costs,
 )
+from tests.shared_profiles import PROFILES, requires_profiles
 
-PROFILES = "/work/shared/profiles"
-if not os.path.isdir(PROFILES):
-    PROFILES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "profiles")
-pytestmark = pytest.mark.skipif(not os.path.isdir(PROFILES), reason="shared profiles not found")
+pytestmark = requires_profiles
 
 MODELS = {  # file, global batch size, what counts as a "weight layer" in the paper's split
     "vgg": ("vgg-19-pbs-32.txt", 2048, lambda m, i: m.parameter_bytes[i] > 0),

@@ -1,14 +1,14 @@
 """The DAPPLE paper's Table 5 pattern in simulation (scripts/bench_schedule_memory.py)."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from scripts.bench_schedule_memory import BERT_PROFILE, GIB, table5_rows
+from scripts.bench_schedule_memory import GIB, table5_rows
+from tests.shared_profiles import requires_profiles
 
-pytestmark = pytest.mark.skipif(not os.path.exists(BERT_PROFILE), reason="shared BERT-48 profile not found")
+pytestmark = requires_profiles
 
 
 def test_gpipe_memory_grows_dapple_memory_constant():
