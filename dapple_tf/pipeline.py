@@ -1,8 +1,9 @@
 """`build_pipeline`: the rewrite from a single-device model to a DAPPLE pipelined graph.
 
 Passes, in order (paper section 5):
-1. template: call model_fn once on the global batch with layer markers recorded; each layer's
-   variables are created on its stage's first device (template.py cuts it into stages);
+1. template: call model_fn once, on placeholders like the global batch with an unknown batch
+   size, with layer markers recorded; each layer's variables are created on its stage's first
+   device (template.py cuts it into stages);
 2. forward: per micro-batch and stage replica, import the stage's operations under the replica's
    device, fed by slices of the inputs and of earlier stages' outputs (microbatch.py);
 3. backward: stage by stage in reverse, per micro-batch and replica, `tf.gradients` of the clone
@@ -54,19 +55,12 @@ def _as_plan(plan) -> Plan:
 
 
 def _check_devices(devices: Sequence[str]) -> None:
+    """Local devices (canonical spellings) must exist; a remote job's are checked by its session."""
     local = {canonical_device(d.name) for d in tf.config.list_logical_devices()}
-    local_short = {tf.DeviceSpec.from_string(d).replace(job=None, replica=None, task=None).to_string() for d in local}
-    missing = []
-    for device in devices:
-        spec = tf.DeviceSpec.from_string(device)
-        if spec.job not in (None, "localhost"):
-            continue  # a remote task's device: the cluster checks it when the session starts
-        short = spec.replace(job=None, replica=None, task=None).to_string()
-        if short not in local_short:
-            missing.append(device)
+    missing = [d for d in devices if tf.DeviceSpec.from_string(d).job is None and d not in local]
     if missing:
         raise PlanError(
-            f"the plan uses devices {missing} that this process does not have; available: {sorted(local_short)} "
+            f"the plan uses devices {missing} that this process does not have; available: {sorted(local)} "
             "(split the CPU with tf.config.set_logical_device_configuration for virtual devices)"
         )
 
@@ -103,15 +97,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         raise DappleError(
             f"optimizer must be a tf.compat.v1.train.Optimizer (graph mode), got {type(optimizer).__name__}"
         )
-    plan = Plan(
-        [dataclasses.replace(s, devices=tuple(canonical_device(d) for d in s.devices)) for s in plan.stages],
-        plan.num_micro_batches,
-        policy=plan.policy,
-        warmup=plan.warmup,
-        expected_layer_names=plan.expected_layer_names,
-        global_batch_size=plan.global_batch_size,
-        source=plan.source,
-    )
+    plan = plan.with_devices(canonical_device)  # one spelling per device: duplicates are caught
     _check_devices(plan.devices)
     graph = tf.compat.v1.get_default_graph()
     structure = (features, labels)

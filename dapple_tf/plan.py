@@ -90,6 +90,19 @@ class Plan:
     def devices(self) -> Tuple[str, ...]:
         return tuple(d for s in self.stages for d in s.devices)
 
+    def with_devices(self, rename) -> "Plan":
+        """The same plan with every device string passed through `rename` (checked again)."""
+        return Plan(
+            [dataclasses.replace(s, devices=tuple(rename(d) for d in s.devices)) for s in self.stages],
+            self.num_micro_batches,
+            policy=self.policy,
+            warmup=self.warmup,
+            expected_layer_names=self.expected_layer_names,
+            source=self.source,
+            schedule_kind=self.schedule_kind,
+            global_batch_size=self.global_batch_size,
+        )
+
     @classmethod
     def from_stages(
         cls,
