@@ -36,6 +36,17 @@ def _differentiable(t: tf.Tensor) -> bool:
     return t.dtype.base_dtype.is_floating or t.dtype.base_dtype.is_complex
 
 
+def _check_batch_major(name: str, stage: int, producers: List[tf.Tensor], sizes) -> None:
+    """Each producer replica's clone of `name` must have as many rows as its slice has samples."""
+    for i, (t, rows) in enumerate(zip(producers, sizes)):
+        if t.shape.rank is not None and t.shape[0] is not None and t.shape[0] != rows:
+            raise DappleError(
+                f"{name} leaves stage {stage} and is split by samples, but its first dimension is not the batch: "
+                f"replica {i}'s slice of {rows} samples makes it {t.shape}; give it a leading batch dimension "
+                "before the stage boundary, or move the boundary"
+            )
+
+
 class StageBuilder:
     """Forward and backward tasks of every stage; see the module docstring."""
 
@@ -121,17 +132,10 @@ class StageBuilder:
             return ext.tensor
         p = ext.producer_stage
         producers = [self.clones[(p, m, i)].outputs[ext.tensor.name] for i in range(len(self._sizes[p]))]
-        if ext.batch_major:
-            for i, (t, rows) in enumerate(zip(producers, self._sizes[p])):
-                if t.shape.rank is not None and t.shape[0] is not None and t.shape[0] != rows:
-                    raise DappleError(
-                        f"{ext.tensor.name} leaves stage {p} and is split by samples, but its first dimension is not "
-                        f"the batch: replica {i}'s slice of {rows} samples makes it {t.shape}; give it a leading batch "
-                        "dimension before the stage boundary, or move the boundary"
-                    )
         if not ext.batch_major:
             received = producers[0]
         else:
+            _check_batch_major(ext.tensor.name, p, producers, self._sizes[p])
             received = microbatch.concat_rows(microbatch.gather_rows(producers, self._sizes[p], start, size))
         # A tensor of this task's own, so that the gradient w.r.t. it covers only this clone's paths
         # (not a path through another boundary tensor the same producer computed from it).
