@@ -5,10 +5,12 @@ baseline plan is returned if the DP finds nothing better), dp, dp_overlap, strai
 pipedream (planner/baselines.py). Each tries every candidate micro-batch size and keeps the
 fastest plan that fits in memory.
 
-Selection by simulation (plan(..., simulate=True), plan_all's default): the DAPPLE search keeps
-its SIM_CANDIDATES best distinct plans by analytic latency (over all micro-batch sizes); each of
-them and each baseline's best plan is run through planner/simulator.py and the one with the
-lowest simulated iteration time is returned (ties: lower analytic latency). Its estimated
+Selection by simulation (plan(..., simulate=True), plan_all's default): the DAPPLE search keeps,
+for every micro-batch size, its SIM_CANDIDATES best distinct plans by analytic latency; each of
+them and each baseline's best plan is run through planner/simulator.py (a few ms each) and the
+one with the lowest simulated iteration time is returned (ties: lower analytic latency). Per size,
+because the analytic error grows as M shrinks: a pool of the 8 best overall can hold only plans
+of small M (GNMT-16 on config B: all M=4, simulated 508 ms, while an M=32 plan simulates at 421 ms). Its estimated
 iteration time, Tw/Ts/Te and pivot stay formula 2's. The analytic L is optimistic when M is
 small and cuts are slow (the pivot waits for the round trip through later stages), which the
 simulator sees. Skipped on clusters of more than LARGE_CLUSTER_DEVICES devices (plain analytic
@@ -75,12 +77,29 @@ def _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l=float("inf"
     raise PlanningError(f"unknown planner {name!r}; expected one of {', '.join(PLANNERS)} or all")
 
 
+class PerSizeTop:
+    """One TopK per micro-batch size (the candidate pool of the selection by simulation)."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.tops: Dict[int, TopK] = {}
+
+    def for_size(self, mbs: int) -> TopK:
+        return self.tops.setdefault(mbs, TopK(self.k))
+
+    @property
+    def plans(self) -> List[Estimate]:
+        return sorted((e for t in self.tops.values() for e in t.plans), key=lambda e: e.latency)
+
+
 def best_estimate(name, model, prefix, cluster, gbs, options, sizes, best_l=float("inf"), top=None):
     """(best feasible Estimate or None, first infeasible Estimate seen) over micro-batch sizes.
-    With `top` (a TopK, dapple only) the search also collects its best distinct plans there."""
+    With `top` (a TopK, or a PerSizeTop; dapple only) the search also collects its best distinct
+    plans there."""
     best, infeasible = None, None
     for mbs in sizes:
-        est = _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l, top)
+        size_top = top.for_size(mbs) if isinstance(top, PerSizeTop) else top
+        est = _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l, size_top)
         if est is None:
             continue
         if not est.feasible:
@@ -125,14 +144,15 @@ def memory_error(model, prefix, cluster, options, sizes, global_batch_size) -> s
     return ""
 
 
-def choose_by_simulation(candidates: Sequence[Estimate], model, cluster, global_batch_size: int):
+def choose_by_simulation(candidates: Sequence[Estimate], model, cluster, global_batch_size: int,
+                         link_contention: bool = False):
     """(the candidate with the lowest simulated iteration time, {id(candidate): simulated ms})."""
     from planner.sim_adapter import simulate_plan  # pylint: disable=import-outside-toplevel
 
     sims = {}
     for est in candidates:
         proto = to_plan(est, model, cluster, global_batch_size, "dapple")
-        sims[id(est)] = simulate_plan(proto, model).iteration_ms
+        sims[id(est)] = simulate_plan(proto, model, link_contention=link_contention).iteration_ms
     chosen = min(candidates, key=lambda e: (sims[id(e)], e.latency))
     return chosen, sims
 
@@ -165,12 +185,13 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
             seed, _ = best_estimate("dapple_prepass", model, prefix, cluster, global_batch_size, opts, sizes, floor)
             floor = seed.latency if seed is not None else floor
         use_sim = select_by_simulation and cluster.num_servers * cluster.devices_per_server <= LARGE_CLUSTER_DEVICES
-        top = TopK(SIM_CANDIDATES) if use_sim else None
+        top = PerSizeTop(SIM_CANDIDATES) if use_sim else None
         best, bad = best_estimate("dapple", model, prefix, cluster, global_batch_size, opts, sizes,
                                   float("inf") if use_sim else floor, top)
         best = best or seed
         if use_sim and (top.plans or base):
-            best, simulated = choose_by_simulation(top.plans + base, model, cluster, global_batch_size)
+            best, simulated = choose_by_simulation(top.plans + base, model, cluster, global_batch_size,
+                                                   opts.link_contention)
         if best is None and base:
             best = min(base, key=lambda r: r.latency)
         if best is None:
@@ -218,7 +239,9 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", sim
             plans[name] = to_plan(r, model, cluster, global_batch_size, name, single, dp_ms)
             if simulate:
                 sim = out["simulated"].get(id(r))
-                plans[name].simulated_iteration_ms = sim if sim is not None else simulate_plan(plans[name], model).iteration_ms
+                if sim is None:
+                    sim = simulate_plan(plans[name], model, link_contention=out["options"].link_contention).iteration_ms
+                plans[name].simulated_iteration_ms = sim
         else:
             if planner != "all":
                 raise PlanningError(f"{name}: {r}")

@@ -8,7 +8,11 @@ Constants (bytes, bytes/s) and why:
   bandwidth for its 8x V100 NVLink servers (the NCCL ring AllReduce bus bandwidth of a DGX-1).
   The same figure is used for point-to-point activation transfers inside a server.
 - ETHERNET_25G = 25e9 / 8 and ETHERNET_10G = 10e9 / 8: the paper's line rates (Table 2),
-  undiscounted; one NIC per server, shared by all of its devices.
+  undiscounted. How they are shared (planner/cost_model.py): gradient AllReduce across servers
+  goes through one link per server (hierarchical: the server's devices share it), which is what
+  makes the paper's 8:8 beat DP for GNMT-16 and BERT-48 on config A (with a link per device DP
+  wins both); activation transfers between stages give every device pair its own link at this
+  bandwidth, as the paper's ACR values imply (Options.link_contention=True shares them instead).
 - Local CPU devices: one server; memory = physical memory / number of devices (or given);
   LOCAL_BANDWIDTH = 10e9 (an in-process memcpy between virtual devices).
 """

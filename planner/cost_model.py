@@ -9,15 +9,28 @@ Conventions:
   divide the micro-batch: slices differ by at most one sample and the largest one is costed.
 - The cut before layer c carries every tensor produced by a layer < c and consumed by a
   layer >= c (activations forward, their gradients backward: same bytes).
-- Transfers between stages: each sample goes from the device holding it in the sender's slicing
-  to the device holding it in the receiver's slicing (split 1:N, concat N:1, N:M); each device's
-  NVLink port and each server's NIC carries its bytes at the cluster's bandwidth, all in parallel;
-  the transfer takes as long as the busiest port.
+- Transfers between stages (split 1:N, concat N:1, N:M, paper section 5.2.2): each sample goes
+  from the device holding it in the sender's slicing to the device holding it in the receiver's
+  slicing; samples on the same device move for free. Paper model (the default): every pair of
+  devices has its own link (NVLink inside a server, the inter-server bandwidth across servers)
+  and all pairs move their share in parallel, so the transfer takes as long as the largest share
+  over its link: (largest share of the micro-batch) x bytes / bandwidth. This is what the paper's
+  ACR values imply (Table 4: GNMT-16 8:8 has ACR 0.10 on both config A, where the 8 pairs share
+  one server pair, and config B, 8 separate servers; VGG-19's ACR is 0.16 on config A (Table 3,
+  section 6.4) and 0.40 on config C: exactly the 25/10 Gbps bandwidth ratio, which a 15:1 concat
+  limited by the receiver's port would not give). `contention=True` costs the stricter model
+  instead: each device's NVLink port and each server's NIC carries all of its bytes at the
+  cluster's bandwidth, and the transfer takes as long as the busiest port.
 - AllReduce: ring inside one server, 2 (n-1)/n * bytes / intra; across servers hierarchical:
   intra-server reduce-scatter + all-gather (2 (c-1)/c * bytes / intra, c = most devices on one
   server) plus a ring between servers over the NICs (2 (k-1)/k * bytes / inter, k servers).
 - Pipeline latency L = Tw + Ts + Te (paper formula 2) over computation and communication stages,
   pivot Q from the paper's Algorithm 1 (formula 3).
+- ACR (activation communication ratio, sections 5.3 and 6.2): the forward + backward transfer time
+  of a boundary over the average of one forward and one backward pass of its two neighbouring
+  stages, (F + B) / 2, averaged over the boundaries. On the paper's own plans this gives BERT-48
+  0.058 / 0.47 / 1.17 for configs A / B / C at micro-batch 8 (paper 0.06 / 0.50 / 1.25);
+  tests/test_planner_table4.py has the other rows.
 
 PASS_OVERHEAD_MS = 0.2: a fixed cost per stage per forward or backward micro-batch pass
 (executor step, kernel launches, split/concat ops). Without it the linear model would make the
@@ -34,7 +47,8 @@ from planner.profile import ModelProfile
 PASS_OVERHEAD_MS = 0.2
 DEFAULT_OPTIMIZER_MULTIPLIER = 2.0  # Adam: two extra copies (m, v) of every weight
 # Policy B (more warm-up forwards) when the activation-communication ratio is at least this:
-# the paper picks B for VGG-19 (ACR 0.16) and GNMT-16 (0.10), A for BERT-48 (0.06), XLNet (0.03).
+# the paper picks B for VGG-19 (ACR 0.16) and GNMT-16 (0.10), A for BERT-48 (0.06), XLNet (0.03)
+# (section 6.4; activation_communication_ratio follows the paper's definition and scale).
 ACR_POLICY_B_THRESHOLD = 0.08
 
 
@@ -106,36 +120,30 @@ def cut_bytes(prefix: Prefix, cut: int, samples: int = 1) -> float:
 
 
 def transfer_ms(cluster, src_devices: Sequence[int], dst_devices: Sequence[int], bytes_per_sample: float,
-                samples: int) -> float:
+                samples: int, contention: bool = False) -> float:
     """Time to move a micro-batch's boundary tensors from one stage's devices to the next's.
 
     Handles 1:1, split (1:N), concat (N:1) and N:M; samples on the same device move for free.
+    Per-pair links (the paper's model) unless `contention` (shared ports; module docstring).
     """
     if bytes_per_sample <= 0 or samples <= 0:
         return 0.0
-    return bytes_per_sample * transfer_ms_per_byte(cluster, tuple(src_devices), tuple(dst_devices), samples)
+    return bytes_per_sample * transfer_ms_per_byte(cluster, tuple(src_devices), tuple(dst_devices), samples,
+                                                   contention)
 
 
-def transfer_ms_per_byte(cluster, src: Tuple[int, ...], dst: Tuple[int, ...], samples: int) -> float:
-    """transfer_ms for 1 byte per sample (the transfer time is linear in the bytes)."""
-    per_server = cluster.devices_per_server
+def moved_samples(src: Sequence[int], dst: Sequence[int], samples: int):
+    """[(source device, destination device, samples)] of a re-slicing, in sample order (the
+    sender's and the receiver's slices are contiguous, larger slices first)."""
     a = slice_sizes(samples, len(src))
     b = slice_sizes(samples, len(dst))
-    dev_out, dev_in, nic_out, nic_in = {}, {}, {}, {}
+    out = []
     i = j = 0
     ra, rb = a[0], b[0]
     while i < len(a) and j < len(b):
         n = min(ra, rb)
         if n > 0:
-            s, d = src[i], dst[j]
-            if s != d:
-                ss, ds = s // per_server, d // per_server
-                if ss == ds:
-                    dev_out[s] = dev_out.get(s, 0) + n
-                    dev_in[d] = dev_in.get(d, 0) + n
-                else:
-                    nic_out[ss] = nic_out.get(ss, 0) + n
-                    nic_in[ds] = nic_in.get(ds, 0) + n
+            out.append((src[i], dst[j], n))
         ra -= n
         rb -= n
         if ra == 0:
@@ -144,9 +152,34 @@ def transfer_ms_per_byte(cluster, src: Tuple[int, ...], dst: Tuple[int, ...], sa
         if rb == 0:
             j += 1
             rb = b[j] if j < len(b) else 0
+    return out
+
+
+def transfer_ms_per_byte(cluster, src: Tuple[int, ...], dst: Tuple[int, ...], samples: int,
+                         contention: bool = False) -> float:
+    """transfer_ms for 1 byte per sample (the transfer time is linear in the bytes)."""
+    per_server = cluster.devices_per_server
+    intra_bw, inter_bw = cluster.intra_server_bandwidth, cluster.inter_server_bandwidth
+    if not contention:
+        worst = 0.0
+        for s, d, n in moved_samples(src, dst, samples):
+            if s != d:
+                worst = max(worst, n / (intra_bw if s // per_server == d // per_server else inter_bw))
+        return 1e3 * worst
+    dev_out, dev_in, nic_out, nic_in = {}, {}, {}, {}
+    for s, d, n in moved_samples(src, dst, samples):
+        if s == d:
+            continue
+        ss, ds = s // per_server, d // per_server
+        if ss == ds:
+            dev_out[s] = dev_out.get(s, 0) + n
+            dev_in[d] = dev_in.get(d, 0) + n
+        else:
+            nic_out[ss] = nic_out.get(ss, 0) + n
+            nic_in[ds] = nic_in.get(ds, 0) + n
     intra = max(list(dev_out.values()) + list(dev_in.values()) + [0])
     inter = max(list(nic_out.values()) + list(nic_in.values()) + [0])
-    return 1e3 * max(intra / cluster.intra_server_bandwidth, inter / cluster.inter_server_bandwidth)
+    return 1e3 * max(intra / intra_bw, inter / inter_bw)
 
 
 def allreduce_ms(cluster, devices: Sequence[int], nbytes: float) -> float:
@@ -232,12 +265,13 @@ def pipeline_latency(forward: Sequence[float], backward: Sequence[float], allred
 
 
 def activation_communication_ratio(compute_ms: Sequence[float], comm_ms: Sequence[float]) -> float:
-    """ACR: mean over stage boundaries of (forward + backward transfer time of the boundary)
-    / (mean forward + backward time of its two neighbouring stages); 0 for one stage."""
+    """ACR (paper sections 5.3, 6.2): mean over stage boundaries of the boundary's forward +
+    backward transfer time `comm_ms[i]` over the average forward/backward pass time of its two
+    neighbouring stages, (F + B) / 2 with `compute_ms` = F + B per stage; 0 for one stage."""
     if len(compute_ms) < 2:
         return 0.0
     ratios = []
     for i, c in enumerate(comm_ms):
-        denom = 0.5 * (compute_ms[i] + compute_ms[i + 1])
+        denom = 0.25 * (compute_ms[i] + compute_ms[i + 1])
         ratios.append(c / denom if denom > 0 else math.inf)
     return sum(ratios) / len(ratios)

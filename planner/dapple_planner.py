@@ -220,6 +220,7 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
     reps = [r for r in reps if r <= mbs]
     max_stages = options.max_stages or n
     overlap = options.overlap
+    contention = options.link_contention
     mem_cap = cluster.device_memory_bytes
     opt = options.optimizer_multiplier
     pf, pb, pp = prefix.fwd, prefix.bwd, prefix.params
@@ -245,7 +246,7 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
             key = (src, dst)
         v = xfer_cache.get(key)
         if v is None:
-            v = xfer_cache[key] = cm.transfer_ms_per_byte(cluster, src, dst, mbs)
+            v = xfer_cache[key] = cm.transfer_ms_per_byte(cluster, src, dst, mbs, contention)
         return v
 
     def stage_costs(first, end, devs):

@@ -26,6 +26,7 @@ class Options:
     micro_batch_sizes: Optional[Sequence[int]] = None
     max_in_flight: Optional[int] = None  # D; defaults to M
     policy: Optional[str] = None         # force "A" or "B"; default: by ACR
+    link_contention: bool = False        # transfers share device ports / server NICs (cost_model docstring)
 
 
 @dataclasses.dataclass
@@ -82,7 +83,8 @@ def evaluate(model, prefix: cm.Prefix, cluster, stages, global_batch_size: int, 
         else:
             tail.append(ar[-1])
         if idx + 1 < len(stages):
-            comm.append(cm.transfer_ms(cluster, devs, stages[idx + 1][2], prefix.cut[end], micro_batch_size))
+            comm.append(cm.transfer_ms(cluster, devs, stages[idx + 1][2], prefix.cut[end], micro_batch_size,
+                                        options.link_contention))
     all_f, all_b, all_ar = [], [], []
     for i in range(len(stages)):
         all_f.append(fwd[i])

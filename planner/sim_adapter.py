@@ -52,8 +52,10 @@ def stage_costs(
     optimizer_multiplier: float = cm.DEFAULT_OPTIMIZER_MULTIPLIER,
     overhead_ms: float = cm.PASS_OVERHEAD_MS,
     optimizer_bandwidth: Optional[float] = V100_MEMORY_BANDWIDTH,
+    link_contention: bool = False,
 ) -> List[StageCost]:
-    """Per-stage costs of `plan` (cluster defaults to the plan's own)."""
+    """Per-stage costs of `plan` (cluster defaults to the plan's own); `link_contention` as in
+    cost_model.transfer_ms (the planner's Options.link_contention)."""
     model = model_profile(profile)
     prefix = cm.Prefix(model)
     cluster = cluster if cluster is not None else plan.cluster
@@ -89,7 +91,8 @@ def stage_costs(
         tail = cm.allreduce_tail_ms(model, first, end, slice_samples, per_byte) if overlap_allreduce and r > 1 else ar
         comm = 0.0
         if i + 1 < len(plan.stages):
-            comm = cm.transfer_ms(cluster, devs, tuple(plan.stages[i + 1].device_ids), prefix.cut[end], mbs)
+            comm = cm.transfer_ms(cluster, devs, tuple(plan.stages[i + 1].device_ids), prefix.cut[end], mbs,
+                                  contention=link_contention)
         params = prefix.parameter_bytes(first, end)
         optimizer_ms = 0.0
         if optimizer_bandwidth:
@@ -140,11 +143,13 @@ def simulate_plan(
     activation_multiplier: float = 1.0,
     max_in_flight: Optional[int] = None,
     optimizer_bandwidth: Optional[float] = V100_MEMORY_BANDWIDTH,
+    link_contention: bool = False,
 ) -> SimulationResult:
     """Simulates one iteration of `plan` (see the module docstring for the cost terms)."""
     cluster = cluster if cluster is not None else plan.cluster
     costs = stage_costs(plan, profile, cluster, overlap_allreduce=overlap_allreduce,
-                        activation_multiplier=activation_multiplier, optimizer_bandwidth=optimizer_bandwidth)
+                        activation_multiplier=activation_multiplier, optimizer_bandwidth=optimizer_bandwidth,
+                        link_contention=link_contention)
     sched = plan_schedule(plan, schedule, policy, max_in_flight)
     return simulate(costs, sched, micro_batch_size=plan.micro_batch_size, overlap_allreduce=overlap_allreduce,
                     duplex_links=duplex_links, device_memory_bytes=cluster.device_memory_bytes or None)

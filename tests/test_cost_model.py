@@ -58,15 +58,40 @@ def test_allreduce_flat_and_hierarchical():
     assert cm.allreduce_ms(CLUSTER, [0, 1, 2, 3], 1e6) == pytest.approx(1e3 * (1e-3 + 1e-2))
 
 
-def test_transfer_split_concat():
+def test_transfer_split_concat_per_pair_links():
+    # The paper's model: every device pair has its own link; the largest share over its link.
     # 1:1 same device is free; 1:2 split inside a server: 2 of 4 samples leave device 0
     assert cm.transfer_ms(CLUSTER, [0], [0], 1e6, 4) == 0.0
     assert cm.transfer_ms(CLUSTER, [0], [0, 1], 1e6, 4) == pytest.approx(1e3 * 2e6 / 1e9)
-    # 2:1 concat across servers: all 4 samples cross server 0's NIC
-    assert cm.transfer_ms(CLUSTER, [0, 1], [2], 1e6, 4) == pytest.approx(1e3 * 4e6 / 1e8)
+    # 2:1 concat across servers: 2 samples from each of devices 0 and 1, in parallel
+    assert cm.transfer_ms(CLUSTER, [0, 1], [2], 1e6, 4) == pytest.approx(1e3 * 2e6 / 1e8)
     # N:M with uneven slices, 5 samples from [0, 1] (0-2, 3-4) to [1, 2, 3] (0-1, 2-3, 4):
-    # samples 0-1 go 0->1 over NVLink; samples 2, 3, 4 cross server 0's NIC -> 3 samples
-    assert cm.transfer_ms(CLUSTER, [0, 1], [1, 2, 3], 1.0, 5) == pytest.approx(1e3 * 3 / 1e8)
+    # 0->1 2 samples over NVLink; 0->2, 1->2, 1->3 one sample each over Ethernet
+    assert cm.transfer_ms(CLUSTER, [0, 1], [1, 2, 3], 1.0, 5) == pytest.approx(1e3 * 1 / 1e8)
+    assert cm.moved_samples([0, 1], [1, 2, 3], 5) == [(0, 1, 2), (0, 2, 1), (1, 2, 1), (1, 3, 1)]
+
+
+def test_transfer_split_concat_with_contention():
+    # Shared ports: each device's NVLink port and each server's NIC carries all of its bytes.
+    assert cm.transfer_ms(CLUSTER, [0], [0, 1], 1e6, 4, contention=True) == pytest.approx(1e3 * 2e6 / 1e9)
+    # 2:1 concat across servers: all 4 samples cross server 0's NIC
+    assert cm.transfer_ms(CLUSTER, [0, 1], [2], 1e6, 4, contention=True) == pytest.approx(1e3 * 4e6 / 1e8)
+    # samples 2, 3, 4 cross server 0's NIC -> 3 samples
+    assert cm.transfer_ms(CLUSTER, [0, 1], [1, 2, 3], 1.0, 5, contention=True) == pytest.approx(1e3 * 3 / 1e8)
+    # Options.link_contention reaches the plan's boundary cost
+    model = tiny()
+    p = cm.Prefix(model)
+    stages = [(0, 1, (0, 1)), (1, 3, (2,))]
+    free = evaluate(model, p, CLUSTER, stages, 4, 4, Options(overhead_ms=0.0))
+    shared = evaluate(model, p, CLUSTER, stages, 4, 4, Options(overhead_ms=0.0, link_contention=True))
+    assert free.comm == [pytest.approx(1e3 * 2 * 10 / 1e8)] and shared.comm == [pytest.approx(1e3 * 4 * 10 / 1e8)]
+
+
+def test_acr_is_transfer_over_average_pass():
+    # Paper: (forward + backward transfer) / average FW/BW time, (F + B) / 2, of the two neighbours.
+    assert cm.activation_communication_ratio([4.0, 8.0], [3.0]) == pytest.approx(3.0 / 3.0)
+    assert cm.activation_communication_ratio([4.0, 8.0, 4.0], [3.0, 0.0]) == pytest.approx(0.5)
+    assert cm.activation_communication_ratio([4.0], []) == 0.0
 
 
 def test_allreduce_tail_overlap():
