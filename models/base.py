@@ -81,3 +81,16 @@ def resolve_config(presets, config, overrides):
             raise ValueError(f"model flag {key}={value!r}: expected a value like {default!r}") from e
         resolved[key] = value
     return resolved
+
+
+def image_classifier(name, cfg, build):
+    """The ModelSpec of an NHWC image classifier whose `build(features, labels, cfg)` returns
+    (logits, loss or None)."""
+    size = cfg["image_size"]
+    return ModelSpec(
+        name, cfg,
+        model_fn=lambda features, labels: build(features, labels, cfg)[1],
+        feature_spec=InputSpec((size, size, 3), tf.float32),
+        label_spec=InputSpec((), tf.int32, high=cfg["num_classes"]),
+        predict_fn=lambda features: build(features, None, cfg)[0],
+    )

@@ -8,7 +8,7 @@ statistics with a trainable scale and offset. `paper` is ImageNet ResNet-50 (25,
 
 import tensorflow as tf
 
-from models.base import InputSpec, ModelSpec, resolve_config
+from models.base import image_classifier, resolve_config
 from models.ops import batch_norm, conv2d, dense, layer_scope, softmax_loss
 
 PRESETS = {
@@ -49,12 +49,4 @@ def _build(features, labels, cfg):
 
 
 def make(config="tiny", **overrides):
-    cfg = resolve_config(PRESETS, config, overrides)
-    size = cfg["image_size"]
-    return ModelSpec(
-        "resnet50", cfg,
-        model_fn=lambda features, labels: _build(features, labels, cfg)[1],
-        feature_spec=InputSpec((size, size, 3), tf.float32),
-        label_spec=InputSpec((), tf.int32, high=cfg["num_classes"]),
-        predict_fn=lambda features: _build(features, None, cfg)[0],
-    )
+    return image_classifier("resnet50", resolve_config(PRESETS, config, overrides), _build)

@@ -7,7 +7,7 @@ the flatten to `fc6`, the loss to `fc8`. `paper` is ImageNet VGG-19 (224x224x3, 
 
 import tensorflow as tf
 
-from models.base import InputSpec, ModelSpec, resolve_config
+from models.base import image_classifier, resolve_config
 from models.ops import conv2d, dense, layer_scope, softmax_loss
 
 BLOCKS = [(2, 64), (2, 128), (4, 256), (4, 512), (4, 512)]  # (convs, channels)
@@ -37,12 +37,4 @@ def _build(features, labels, cfg):
 
 
 def make(config="tiny", **overrides):
-    cfg = resolve_config(PRESETS, config, overrides)
-    size = cfg["image_size"]
-    return ModelSpec(
-        "vgg19", cfg,
-        model_fn=lambda features, labels: _build(features, labels, cfg)[1],
-        feature_spec=InputSpec((size, size, 3), tf.float32),
-        label_spec=InputSpec((), tf.int32, high=cfg["num_classes"]),
-        predict_fn=lambda features: _build(features, None, cfg)[0],
-    )
+    return image_classifier("vgg19", resolve_config(PRESETS, config, overrides), _build)
