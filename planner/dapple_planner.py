@@ -301,6 +301,15 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
     root = _State([], [], [], [], 0.0, start_used, 0.0)
     frontier: Dict[int, Dict[Tuple[int, ...], _State]] = {0: {start_used: root}}
 
+    def extended(state, first, end, devs):
+        """The state's forward/backward/tail lists with stage [first, end) on devs appended (after
+        the communication stage from the previous stage, if any)."""
+        f, b, t = stage_costs(first, end, devs)
+        if not state.stages:
+            return [f], [b], [t]
+        x = prefix.cut[first] * xfer(state.stages[-1][2], devs)
+        return state.fwd + [x, f], state.bwd + [x, b], state.tail + [0.0, t]
+
     def complete(state, c):
         """Costs state + last stage [c, n) on all free devices; returns (L, devs) or None."""
         used = state.used
@@ -312,12 +321,7 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
             devs = free_cache[used] = ids
         if not devs or len(devs) > mbs or (straight and len(devs) != 1):
             return None
-        f, b, t = stage_costs(c, n, devs)
-        if state.stages:
-            x = prefix.cut[c] * xfer(state.stages[-1][2], devs)
-            fw, bw, tl = state.fwd + [x, f], state.bwd + [x, b], state.tail + [0.0, t]
-        else:
-            fw, bw, tl = [f], [b], [t]
+        fw, bw, tl = extended(state, c, n, devs)
         return cm.pipeline_latency(fw, bw, tl, m)[0], devs
 
     for c in [0] + cuts:
@@ -369,12 +373,7 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
                     if not fits(c, c2, r, min(2, m)):
                         continue
                     for devs, new_used in placements:
-                        f, b, t = stage_costs(c, c2, devs)
-                        if state.stages:
-                            x = prefix.cut[c] * xfer(state.stages[-1][2], devs)
-                            fw, bw, tl = state.fwd + [x, f], state.bwd + [x, b], state.tail + [0.0, t]
-                        else:
-                            fw, bw, tl = [f], [b], [t]
+                        fw, bw, tl = extended(state, c, c2, devs)
                         child = _State(state.stages + [(c, c2, devs)], fw, bw, tl, 0.0, new_used,
                                        max(state.steady_bound, steady))
                         res = complete(child, c2)
