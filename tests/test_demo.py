@@ -1,19 +1,12 @@
 """dapple_demo end to end: profile -> plan -> pipelined training on digits, > 90% test accuracy."""
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+from tests.programs import run_program
 
 def _demo(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "-m", "scripts.dapple_demo", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_program("dapple_demo", *args)
 
 
 def _accuracy(stdout):

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+from tests.programs import run_program
+
 CHECK_PLANNER = """
 import pkgutil, sys, importlib, planner
 names = [m.name for m in pkgutil.walk_packages(planner.__path__, "planner.")]
@@ -45,7 +47,7 @@ def test_all_packages_import():
     "name", ["dapple_profile", "dapple_plan", "dapple_simulate", "dapple_train", "dapple_launch", "dapple_demo"]
 )
 def test_cli_help(name):
-    result = subprocess.run([sys.executable, "-m", f"scripts.{name}", "--help"], capture_output=True, text=True)
+    result = run_program(name, "--help", timeout=120)
     assert result.returncode == 0, result.stderr
     assert name in result.stdout
     assert "--" in result.stdout  # lists its flags

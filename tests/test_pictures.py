@@ -4,8 +4,6 @@ and the dapple_simulate CLI that writes them."""
 import json
 import os
 import struct
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,7 @@ from planner.schedule import build_schedule
 from planner.simulator import StageCost, simulate
 from planner.trace import write_trace
 from tests.shared_profiles import PROFILES, requires_profiles
+from tests.programs import run_program
 
 BERT = PROFILES + "bert-48-pbs-2.txt"
 
@@ -107,9 +106,8 @@ def test_simulate_cli_writes_trace_and_png(tmp_path):
     plan_path = tmp_path / "plan.json"
     write_message(to_plan(est, model, preset_cluster("paper_b"), 16, "manual"), str(plan_path))
     trace, png = tmp_path / "out.json", tmp_path / "out.png"
-    cmd = [sys.executable, "-m", "scripts.dapple_simulate", f"--profile={BERT}", f"--plan={plan_path}",
-           "--schedule=gpipe", f"--trace={trace}", f"--png={png}"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    result = run_program("dapple_simulate", f"--profile={BERT}", f"--plan={plan_path}", "--schedule=gpipe",
+                         f"--trace={trace}", f"--png={png}", timeout=120)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "plan: manual planner, 2 stages (1:1 devices), global batch 16 = 8 x 2" in out
@@ -124,7 +122,6 @@ def test_simulate_cli_writes_trace_and_png(tmp_path):
 
 
 def test_simulate_cli_errors():
-    cmd = [sys.executable, "-m", "scripts.dapple_simulate", "--global_batch_size=8"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    result = run_program("dapple_simulate", "--global_batch_size=8", timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == "error: --profile is required"

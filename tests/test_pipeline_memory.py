@@ -5,20 +5,15 @@ before TensorFlow starts).
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
+from tests.programs import run_program
 
 
 @pytest.mark.slow
 def test_dapple_peak_memory_is_flat_and_below_gpipe(tmp_path):
     out = tmp_path / "memory.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "scripts.bench_pipeline_memory", "--micro_batches=4,16", f"--json={out}"],
-        capture_output=True,
-        text=True,
-    )
+    result = run_program("bench_pipeline_memory", "--micro_batches=4,16", f"--json={out}")
     assert result.returncode == 0, result.stderr[-2000:]
     (m4, m16) = json.loads(out.read_text())
     assert (m4["M"], m16["M"]) == (4, 16)

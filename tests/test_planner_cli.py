@@ -1,19 +1,15 @@
 """dapple_plan as a subprocess: summaries, the comparison table, plan files and errors."""
 
 import json
-import os
-import subprocess
-import sys
-from tests.shared_profiles import PROFILES
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.shared_profiles import PROFILES
+from tests.programs import run_program
+
 VGG = PROFILES + "vgg-19-pbs-32.txt"
 
 
 def run(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "scripts.dapple_plan", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env)
+    return run_program("dapple_plan", *args)
 
 
 def test_plan_all_writes_json(tmp_path):

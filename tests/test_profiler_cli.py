@@ -1,20 +1,13 @@
 """dapple_profile, run as a program: progress per layer, the profile file, clear errors."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 
 import profiler
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+from tests.programs import run_program
 
 def _run(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "-m", "scripts.dapple_profile", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_program("dapple_profile", *args)
 
 
 def test_profiles_a_model_with_progress(tmp_path):
