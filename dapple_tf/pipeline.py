@@ -55,7 +55,8 @@ def _as_plan(plan) -> Plan:
 
 
 def _check_devices(devices: Sequence[str]) -> None:
-    """Local devices (canonical spellings) must exist; a remote job's are checked by its session."""
+    """Local devices (canonical spellings) must exist; a cluster's are checked against the cluster
+    (dapple_tf.cluster.map_devices) by whoever opens the session to it."""
     local = {canonical_device(d.name) for d in tf.config.list_logical_devices()}
     missing = [d for d in devices if tf.DeviceSpec.from_string(d).job is None and d not in local]
     if missing:
@@ -165,6 +166,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
 
 
 def _after_local_init(copies: VariableCopies, slot_pairs, name: str) -> tf.Operation:
-    """Local variable initialization, then the broadcast of the user's variables to the copies."""
-    with tf.control_dependencies([tf.compat.v1.local_variables_initializer()]):
+    """The default local initialization (local variables, lookup tables, local resources: what a
+    Scaffold runs when LOCAL_INIT_OP is empty), then the broadcast of the user's variables to the copies."""
+    with tf.control_dependencies([tf.compat.v1.train.Scaffold.default_local_init_op()]):
         return tf.group(copies.broadcast_op(slot_pairs), name=name)

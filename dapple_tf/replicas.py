@@ -17,10 +17,13 @@ _LOCAL = tf.compat.v1.GraphKeys.LOCAL_VARIABLES
 
 def canonical_device(device: str) -> str:
     """A device string in one spelling: "/device:CPU:0" for "/cpu:0" and for
-    "/job:localhost/replica:0/task:0/device:CPU:0"; other jobs' fields are kept."""
+    "/job:localhost/replica:0/task:0/device:CPU:0"; another job's device gets its full name
+    ("/job:worker/replica:0/task:1/device:CPU:0" for "/job:worker/task:1/cpu:0"), as TF lists it."""
     spec = tf.DeviceSpec.from_string(device)
     if spec.job == "localhost" and spec.replica in (None, 0) and spec.task in (None, 0):
         spec = spec.replace(job=None, replica=None, task=None)
+    elif spec.job is not None:
+        spec = spec.replace(replica=spec.replica or 0, task=spec.task or 0)
     return spec.to_string()
 
 

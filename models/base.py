@@ -50,6 +50,24 @@ class ModelSpec:
             return rng.standard_normal(shape).astype(tf.as_dtype(spec.dtype).as_numpy_dtype)
         return _map(self.feature_spec, make, "features"), _map(self.label_spec, make, "labels")
 
+    def step_input_fn(self, batch_size, seed=0):
+        """An input_fn(step) for dapple_tf.Trainer: synthetic (features, labels) tensors computed in the
+        graph from (seed, step) alone, so a resumed run sees the batches an uninterrupted one would."""
+        def input_fn(step):
+            step = tf.cast(step, tf.int64)
+            counter = iter(range(1, 1 << 20))
+
+            def make(spec, name):
+                del name
+                key = tf.stack([tf.constant(seed * 1000 + next(counter), tf.int64), step])
+                shape = [batch_size] + list(spec.shape)
+                if spec.high:
+                    value = tf.random.stateless_uniform(shape, key, minval=0, maxval=spec.high, dtype=tf.int64)
+                    return tf.cast(value, spec.dtype)
+                return tf.cast(tf.random.stateless_normal(shape, key), spec.dtype)
+            return _map(self.feature_spec, make, "features"), _map(self.label_spec, make, "labels")
+        return input_fn
+
     def feed_dict(self, placeholders, values):
         """Pairs placeholders with values of the same structure."""
         return dict(zip(tf.nest.flatten(placeholders), tf.nest.flatten(values)))

@@ -15,6 +15,8 @@ Constants (bytes, bytes/s) and why:
   bandwidth, as the paper's ACR values imply (Options.link_contention=True shares them instead).
 - Local CPU devices: one server; memory = physical memory / number of devices (or given);
   LOCAL_BANDWIDTH = 10e9 (an in-process memcpy between virtual devices).
+- Local worker tasks ("local:TxD", what dapple_launch starts): T servers of D virtual CPU devices;
+  LOOPBACK_GRPC_BANDWIDTH = 1e9 between tasks (tensors serialized through gRPC on loopback).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ NVLINK_BANDWIDTH = 130e9
 ETHERNET_25G = 25e9 / 8
 ETHERNET_10G = 10e9 / 8
 LOCAL_BANDWIDTH = 10e9
+LOOPBACK_GRPC_BANDWIDTH = 1e9
 DEFAULT_DEVICES = 16
 
 # name -> (devices per server, inter-server bandwidth)
@@ -44,12 +47,17 @@ class ClusterError(ValueError):
     """An invalid cluster description."""
 
 
-def gpu_device_names(num_servers: int, devices_per_server: int):
+def task_device_names(num_servers: int, devices_per_server: int, device_type: str = "GPU"):
+    """Server s is TF worker task s: "/job:worker/replica:0/task:s/device:TYPE:d"."""
     return [
-        f"/job:worker/replica:0/task:{s}/device:GPU:{d}"
+        f"/job:worker/replica:0/task:{s}/device:{device_type}:{d}"
         for s in range(num_servers)
         for d in range(devices_per_server)
     ]
+
+
+def gpu_device_names(num_servers: int, devices_per_server: int):
+    return task_device_names(num_servers, devices_per_server, "GPU")
 
 
 def make_cluster(name, num_servers, devices_per_server, device_memory_bytes, intra_server_bandwidth,
@@ -96,30 +104,55 @@ def preset_cluster(name: str, num_servers: Optional[int] = None) -> plan_pb2.Clu
                         device_kind="V100-16GB")
 
 
+def _memory_share(num_devices: int) -> float:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 * GIB
+    return float(total) / num_devices
+
+
 def local_cluster(num_devices: int, memory_bytes: Optional[float] = None) -> plan_pb2.Cluster:
     """This machine's `num_devices` virtual CPU devices ("/device:CPU:i") on one server."""
     if num_devices < 1:
         raise ClusterError(f"--num_devices must be >= 1, got {num_devices}")
-    if memory_bytes is None:
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            total = 8 * GIB
-        memory_bytes = float(total) / num_devices
+    memory_bytes = _memory_share(num_devices) if memory_bytes is None else memory_bytes
     return make_cluster("local", 1, num_devices, float(memory_bytes), LOCAL_BANDWIDTH, LOCAL_BANDWIDTH,
                         device_names=[f"/device:CPU:{i}" for i in range(num_devices)], device_kind="CPU")
 
 
+def parse_local_tasks(text: str) -> tuple:
+    """"local:3x2" -> (3, 2): worker tasks on this machine and virtual CPU devices in each."""
+    shape = text[len("local:"):] if text.startswith("local:") else ""
+    tasks, sep, devices = shape.partition("x")
+    if not (sep and tasks.isdigit() and devices.isdigit() and int(tasks) >= 1 and int(devices) >= 1):
+        raise ClusterError(f"{text!r}: a local cluster is local:TASKSxDEVICES, e.g. local:3x2")
+    return int(tasks), int(devices)
+
+
+def local_task_cluster(num_tasks: int, devices_per_task: int, memory_bytes: Optional[float] = None) -> plan_pb2.Cluster:
+    """`num_tasks` worker processes on this machine with `devices_per_task` virtual CPU devices each
+    ("/job:worker/replica:0/task:s/device:CPU:d"); transfers between tasks cross loopback gRPC."""
+    total = num_tasks * devices_per_task
+    memory_bytes = _memory_share(total) if memory_bytes is None else memory_bytes
+    return make_cluster(f"local:{num_tasks}x{devices_per_task}", num_tasks, devices_per_task, float(memory_bytes),
+                        LOCAL_BANDWIDTH, LOOPBACK_GRPC_BANDWIDTH, device_names=task_device_names(
+                            num_tasks, devices_per_task, "CPU"), device_kind="CPU")
+
+
 def load_cluster(path_or_name: str, num_servers: Optional[int] = None, num_devices: Optional[int] = None,
                  memory_bytes: Optional[float] = None) -> plan_pb2.Cluster:
-    """A preset name (paper_a/b/c), "local" (num_devices, default 2), or a .pbtxt/.json/.pb file."""
+    """A preset name (paper_a/b/c), "local" (num_devices, default 2), "local:TxD" (T local worker
+    tasks of D devices), or a .pbtxt/.json/.pb file."""
     if path_or_name in PRESETS:
         return preset_cluster(path_or_name, num_servers)
     if path_or_name == "local":
         return local_cluster(num_devices or 2, memory_bytes)
+    if path_or_name.startswith("local:"):
+        return local_task_cluster(*parse_local_tasks(path_or_name), memory_bytes=memory_bytes)
     if not os.path.splitext(path_or_name)[1]:
-        raise ClusterError(f"unknown cluster {path_or_name!r}; expected paper_a, paper_b, paper_c, local "
-                           "or a cluster file (.pbtxt/.json/.pb)")
+        raise ClusterError(f"unknown cluster {path_or_name!r}; expected paper_a, paper_b, paper_c, local, "
+                           "local:TASKSxDEVICES or a cluster file (.pbtxt/.json/.pb)")
     cluster = read_message(path_or_name, plan_pb2.Cluster)
     return validate_cluster(cluster, path_or_name)
 

@@ -1,9 +1,22 @@
-"""dapple_launch: write cluster job specs (TF_CONFIG, Kubernetes, Slurm) for a dapple_train run.
+"""dapple_launch: run dapple_train (or any chief command) on a TensorFlow cluster.
 
-Example:
-  dapple_launch --plan=plan.json --format=tf_config --workers=host1:2222,host2:2222
+Three ways:
+  dapple_launch --cluster=local:3x2 -- dapple_train --model=mlp --global_batch_size=24 --steps=6 --model_dir=m
+      starts 3 worker servers on loopback (separate processes, 2 virtual CPU devices each, in a private
+      network namespace), runs the command as the chief against them with TF_CONFIG set, prefixes every
+      line with its task, and stops every process when the chief ends, a worker dies, or on Ctrl-C.
+  dapple_launch --tf_config [-- COMMAND]
+      runs this host's role from TF_CONFIG: a worker serves and waits; the chief runs COMMAND.
+  dapple_launch --emit=k8s|slurm --cluster=FILE --image=IMAGE -- dapple_train ...
+      writes a Kubernetes manifest (pods + headless Service + NetworkPolicy, or --k8s_kind=tfjob) or a
+      Slurm batch script that starts the same roles (--cluster: dapple_plan's cluster file or preset).
+
+Exit code: the chief's; non-zero when a task failed, with how to resume (run the same command again:
+dapple_train continues from the latest checkpoint in its --model_dir). TF's gRPC runtime has no
+authentication: run real clusters on a private network.
 """
 
+import os
 import sys
 
 from absl import flags
@@ -11,16 +24,91 @@ from absl import flags
 from scripts.cli import run_main
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("plan", None, "Plan file written by dapple_plan.")
-flags.DEFINE_enum("format", "tf_config", ["tf_config", "kubernetes", "slurm"], "What to write.")
-flags.DEFINE_list("workers", [], "host:port of every worker, in task order.")
-flags.DEFINE_string("output", None, "Where to write the spec (stdout if unset).")
+flags.DEFINE_string("cluster", None, "local:TASKSxDEVICES to start a local cluster; with --emit, the cluster "
+                    "description (dapple_plan's --cluster: a preset or a file).")
+flags.DEFINE_boolean("tf_config", False, "Run this host's role from TF_CONFIG (worker: serve; chief: run COMMAND).")
+flags.DEFINE_integer("virtual_devices", 0, "With --tf_config on a worker: split its CPU into this many devices.")
+flags.DEFINE_enum("emit", None, ["k8s", "slurm"], "Write a job spec instead of running.")
+flags.DEFINE_enum("k8s_kind", "pods", ["pods", "tfjob"], "With --emit=k8s: plain pods + Service, or a Kubeflow TFJob.")
+flags.DEFINE_string("image", None, "With --emit=k8s: the container image with dapple_tf installed.")
+flags.DEFINE_string("name", "dapple", "With --emit: the job's name.")
+flags.DEFINE_integer("port", 2222, "With --emit: the workers' gRPC port.")
+flags.DEFINE_string("output", None, "With --emit: where to write the spec (default: stdout).")
+flags.DEFINE_boolean("isolate_network", True, "Local clusters run in a private network namespace (loopback only).")
+flags.DEFINE_float("grace", 90, "After a worker dies, how long the chief gets to stop by itself (s).")
+
+RESUME_HINT = ("dapple_launch: training did not finish; to resume from the last checkpoint, run the same command "
+               "again (dapple_train continues from the latest checkpoint in its --model_dir)")
+
+
+def serve_or_run(command):
+    """--tf_config: a worker starts its server and waits; the chief runs the command."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from dapple_tf.cluster import TFCluster, start_server
+    from scripts.launch_local import command_line
+
+    cluster = TFCluster.from_tf_config()
+    if cluster.task_type == "chief":
+        args = command_line(command)
+        os.execvp(args[0], args)
+    if command:
+        raise ValueError(f"a worker task runs no command, got: {' '.join(command)}")
+    server = start_server(cluster, FLAGS.virtual_devices or None)
+    print(f"worker task {cluster.task_index} serving at {cluster.workers[cluster.task_index]} "
+          f"(target {server.target})", flush=True)
+    server.join()
+    return 0
+
+
+def emit(command):
+    from planner.cluster import load_cluster
+    from scripts import job_specs
+
+    if not FLAGS.cluster:
+        raise ValueError("--emit needs --cluster (a cluster file or preset: its servers become worker tasks)")
+    if not command:
+        raise ValueError("--emit needs the chief's command after `--`, e.g. -- dapple_train --model=bert ...")
+    cluster = load_cluster(FLAGS.cluster)
+    cpu = cluster.device_kind.upper() == "CPU"
+    gpus = 0 if cpu else cluster.devices_per_server
+    cpu_devices = cluster.devices_per_server if cpu else 0
+    if FLAGS.emit == "k8s":
+        if not FLAGS.image:
+            raise ValueError("--emit=k8s needs --image (a container image with dapple_tf installed)")
+        text = job_specs.kubernetes(FLAGS.name, FLAGS.image, cluster.num_servers, gpus, command, FLAGS.port,
+                                    FLAGS.k8s_kind, cpu_devices)
+    else:
+        text = job_specs.slurm(FLAGS.name, cluster.num_servers, gpus, command, FLAGS.port, cpu_devices)
+    if FLAGS.output:
+        with open(FLAGS.output, "w") as f:
+            f.write(text)
+        print(f"wrote {FLAGS.output}: {cluster.num_servers} worker tasks and a chief")
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def main(argv):
-    del argv
-    print("dapple_launch: writing cluster job specs is not implemented yet; see README.md", file=sys.stderr)
-    return 2
+    command = argv[1:]
+    modes = sum([bool(FLAGS.tf_config), bool(FLAGS.emit), bool(FLAGS.cluster and not FLAGS.emit)])
+    if modes != 1:
+        raise ValueError("choose one: --cluster=local:TxD (a local cluster), --tf_config (this host's role) "
+                         "or --emit=k8s|slurm --cluster=FILE")
+    if FLAGS.tf_config:
+        return serve_or_run(command)
+    if FLAGS.emit:
+        return emit(command)
+    from planner.cluster import parse_local_tasks
+    from scripts import launch_local
+
+    tasks, devices = parse_local_tasks(FLAGS.cluster)
+    launch_local.command_line(command)  # a bad command fails before anything starts
+    if FLAGS.isolate_network:
+        launch_local.reexec_in_private_network(sys.argv[1:])
+    code = launch_local.run_local(tasks, devices, command, grace_s=FLAGS.grace)
+    if code:
+        print(RESUME_HINT, file=sys.stderr, flush=True)
+    return code
 
 
 def run():

@@ -12,7 +12,7 @@ from scripts.cli import run_main
 FLAGS = flags.FLAGS
 flags.DEFINE_string("profile", None, "Layer cost profile (.pb/.pbtxt/.json) or PipeDream text profile (.txt).")
 flags.DEFINE_integer("global_batch_size", None, "Global batch size of one training iteration.")
-flags.DEFINE_string("cluster", "paper_a", "paper_a | paper_b | paper_c | local | a cluster file (.pbtxt/.json).")
+flags.DEFINE_string("cluster", "paper_a", "paper_a | paper_b | paper_c | local | local:TASKSxDEVICES (dapple_launch's worker processes) | a cluster file (.pbtxt/.json).")
 flags.DEFINE_integer("num_servers", None, "Servers in a paper_* cluster (default: 16 devices in all).")
 flags.DEFINE_integer("num_devices", None, "Virtual CPU devices for --cluster=local (default 2).")
 flags.DEFINE_string("planner", "dapple", "dapple | dp | dp_overlap | straight | gpipe | pipedream | all")

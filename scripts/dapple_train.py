@@ -1,27 +1,210 @@
-"""dapple_train: train a reference model with a DAPPLE plan (pipelined, data-parallel).
+"""dapple_train: train a model with DAPPLE (pipelined, data-parallel) in one process or on a cluster.
 
-Example:
-  dapple_train --model=mlp --plan=plan.json --steps=100
+Without TF_CONFIG it runs in this process on --num_devices virtual CPU devices; under dapple_launch
+(TF_CONFIG names the worker tasks and this task is the chief) it builds the pipelined graph here and
+runs it on the workers. With no --plan it profiles the model (or reads --profile) and plans it with
+the DAPPLE planner for the devices it runs on (or for --cluster).
+
+Examples:
+  dapple_train --model=mlp --global_batch_size=24 --steps=100 --model_dir=m
+  dapple_train --model=bert --model_flags=num_layers=4 --plan=plan.json --steps=1000 --model_dir=m
+  dapple_train --model_fn=my.module:model_fn --input_fn=my.module:input_fn --global_batch_size=64 --steps=10
+  dapple_launch --cluster=local:3x2 -- dapple_train --model=mlp --global_batch_size=24 --steps=6 --model_dir=m
+
+A user's --model_fn(features, labels) returns the loss (layers marked with dapple_tf.layer);
+--input_fn(step, batch_size) returns (features, labels) tensors of the global batch for `step` (an
+int64 tensor): a function of the step alone makes a resumed run continue exactly. Flags can come
+from a file: --flagfile=train.flags.
 """
 
-import sys
+import importlib
+import os
 
 from absl import flags
 
 from scripts.cli import run_main
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", None, "Reference model name (see models/).")
-flags.DEFINE_string("plan", None, "Plan file written by dapple_plan.")
-flags.DEFINE_enum("schedule", "dapple", ["dapple", "gpipe"], "Pipeline schedule.")
-flags.DEFINE_integer("steps", 100, "Training steps.")
-flags.DEFINE_string("model_dir", None, "Checkpoint directory.")
+flags.DEFINE_string("model", None, "Reference model (mlp, vgg19, resnet50, bert, gnmt).")
+flags.DEFINE_string("config", "tiny", "Reference model config: tiny or paper.")
+flags.DEFINE_string("model_flags", "", "Reference model overrides, key=value,key=value.")
+flags.DEFINE_string("model_fn", None, "A user's model: package.module:function(features, labels) -> loss.")
+flags.DEFINE_string("input_fn", None, "A user's input: package.module:function(step, batch_size) -> (features, labels).")
+flags.DEFINE_string("eval_input_fn", None, "Held-out input for --model_fn, same signature as --input_fn.")
+flags.DEFINE_string("plan", None, "Plan file from dapple_plan (default: profile and plan here).")
+flags.DEFINE_string("profile", None, "Profile file to plan from (default: profile the model here).")
+flags.DEFINE_string("cluster", None, "Cluster to plan for (dapple_plan's --cluster; default: the devices this "
+                    "runs on: --num_devices virtual CPUs, or the launched cluster's tasks).")
+flags.DEFINE_integer("num_devices", 4, "Virtual CPU devices when running in one process (no TF_CONFIG).")
+flags.DEFINE_integer("global_batch_size", None, "Samples per step (default: the plan file's).")
+flags.DEFINE_enum("schedule", None, ["dapple", "gpipe"], "Pipeline schedule (default: the plan's, else dapple).")
+flags.DEFINE_integer("steps", 100, "Train until the global step reaches this (a resumed run continues to it).")
+flags.DEFINE_string("model_dir", None, "Checkpoints and TensorBoard summaries; resumes from its latest checkpoint.")
+flags.DEFINE_integer("save_checkpoints_steps", 100, "Save a checkpoint every this many steps (0: off).")
+flags.DEFINE_float("save_checkpoints_secs", 0, "Save a checkpoint every this many seconds (0: off).")
+flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")
+flags.DEFINE_integer("log_every", 10, "Progress line every this many steps.")
+flags.DEFINE_integer("summary_every", 10, "Summaries (loss, samples/s, step time, peak memory) every this many steps.")
+flags.DEFINE_integer("eval_every", 0, "Held-out loss through the single-device graph every this many steps (0: off).")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "momentum", "adam"], "Optimizer.")
+flags.DEFINE_float("learning_rate", 0.01, "Learning rate.")
+flags.DEFINE_integer("seed", 0, "Random seed (initial weights, synthetic data).")
+flags.DEFINE_float("failure_timeout", 60, "On a cluster: a step or a lost task ends training within this (s).")
+flags.DEFINE_float("worker_wait_timeout", 60, "On a cluster: how long to wait for the workers to come up (s).")
+
+
+def load_function(text, flag):
+    """'package.module:function' -> the function."""
+    module, sep, name = (text or "").partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"--{flag}={text!r}: expected package.module:function")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--{flag}={text!r}: {e}") from None
+    if not callable(fn):
+        raise ValueError(f"--{flag}={text!r} is not a function")
+    return fn
+
+
+def model_and_inputs(batch_size):
+    """(model_fn, input_fn(step), eval_input_fn(step) or None, name) from the flags."""
+    if bool(FLAGS.model) == bool(FLAGS.model_fn):
+        raise ValueError("give exactly one of --model (a reference model) or --model_fn (your own)")
+    if FLAGS.model:
+        import models
+
+        spec = models.get_model(FLAGS.model, FLAGS.config, **models.parse_model_flags(FLAGS.model_flags))
+        return (spec.model_fn, spec.step_input_fn(batch_size, FLAGS.seed),
+                spec.step_input_fn(batch_size, FLAGS.seed + 1), FLAGS.model)
+    if not FLAGS.input_fn:
+        raise ValueError("--model_fn needs --input_fn (package.module:function(step, batch_size))")
+    user_input = load_function(FLAGS.input_fn, "input_fn")
+    user_eval = load_function(FLAGS.eval_input_fn, "eval_input_fn") if FLAGS.eval_input_fn else None
+    return (load_function(FLAGS.model_fn, "model_fn"), lambda step: user_input(step, batch_size),
+            (lambda step: user_eval(step, batch_size)) if user_eval else None, FLAGS.model_fn)
+
+
+def profile_here(model_fn, input_fn, batch_size, name):
+    """Profiles model_fn on this process's first CPU at batch_size, on input_fn's batch for step 0."""
+    import tensorflow as tf
+
+    import profiler
+
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        values = sess.run(input_fn(tf.constant(0, tf.int64)))
+    values = tf.nest.map_structure(lambda v: v[:batch_size], values)
+
+    def make_inputs():
+        return tf.nest.map_structure(lambda v: tf.compat.v1.placeholder(v.dtype, (batch_size,) + v.shape[1:]), values)
+    print(f"profiling {name} layer by layer at batch {batch_size} on /device:CPU:0 ...", flush=True)
+    return profiler.profile_model(model_fn, make_inputs, values, batch_size, "/device:CPU:0", model_name=name)
+
+
+def planner_cluster(devices):
+    """The planner's cluster description for the devices training runs on (or --cluster)."""
+    from planner import cluster as clusters
+
+    if FLAGS.cluster:
+        return clusters.load_cluster(FLAGS.cluster, num_devices=FLAGS.num_devices)
+    if devices is None:
+        return clusters.local_cluster(FLAGS.num_devices)
+    tasks = sorted({d.split("/device:")[0] for d in devices})
+    per_task = [sum(d.startswith(t + "/device:GPU:") for d in devices) for t in tasks]
+    if min(per_task):
+        return clusters.make_cluster(f"tf-{len(tasks)}x{min(per_task)}", len(tasks), min(per_task),
+                                     clusters.V100_MEMORY_BYTES, clusters.NVLINK_BANDWIDTH, clusters.ETHERNET_25G)
+    cpus = min(sum(d.startswith(t + "/device:CPU:") for d in devices) for t in tasks)
+    return clusters.local_task_cluster(len(tasks), cpus)
+
+
+def make_plan(model_fn, input_fn, name, devices, batch_size):
+    """The plan (dapple_tf.Plan) from --plan, or from a profile and the DAPPLE planner."""
+    import dapple_tf
+    from dapple_tf.cluster import map_devices
+    from planner import api as planner_api
+    from planner.report import summarize
+
+    if FLAGS.plan:
+        plan = dapple_tf.Plan.from_file(FLAGS.plan)
+    else:
+        cluster = planner_cluster(devices)
+        if FLAGS.profile:
+            import profiler
+
+            profile = profiler.read_profile(FLAGS.profile)
+        else:
+            profile = profile_here(model_fn, input_fn, max(1, batch_size // len(cluster.device_names)), name)
+        proto = planner_api.plan(profile, cluster, batch_size, planner="dapple")
+        print(summarize(proto), flush=True)
+        plan = dapple_tf.Plan.from_proto(proto, source=f"the plan for {cluster.name}")
+    if devices is not None:
+        mapping = dict(zip(plan.devices, map_devices(plan.devices, devices)))
+        plan = plan.with_devices(mapping.__getitem__)
+    return plan
+
+
+def optimizer():
+    import tensorflow as tf
+
+    v1 = tf.compat.v1.train
+    return {"sgd": lambda: v1.GradientDescentOptimizer(FLAGS.learning_rate),
+            "momentum": lambda: v1.MomentumOptimizer(FLAGS.learning_rate, 0.9),
+            "adam": lambda: v1.AdamOptimizer(FLAGS.learning_rate)}[FLAGS.optimizer]()
 
 
 def main(argv):
-    del argv
-    print("dapple_train: not implemented yet; dapple_demo trains a model end to end (README.md)", file=sys.stderr)
-    return 2
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.steps < 1 or FLAGS.num_devices < 1:
+        raise ValueError("--steps and --num_devices must be >= 1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
+    cluster, devices, config = None, None, None
+    if os.environ.get("TF_CONFIG"):
+        from dapple_tf.cluster import TFCluster, cluster_devices, wait_for_workers
+
+        cluster = TFCluster.from_tf_config()
+        if cluster.task_type != "chief":
+            raise ValueError(f"dapple_train runs as the chief; TF_CONFIG says this task is {cluster.task_type!r} "
+                             "(workers run `dapple_launch --tf_config`)")
+        print(f"waiting for {len(cluster.workers)} worker tasks: {', '.join(cluster.workers)}", flush=True)
+        wait_for_workers(cluster, FLAGS.worker_wait_timeout)
+        devices = cluster_devices(cluster, FLAGS.worker_wait_timeout)
+        print(f"cluster devices: {', '.join(devices)}", flush=True)
+    else:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * FLAGS.num_devices)
+        config = tf.compat.v1.ConfigProto(device_count={"CPU": FLAGS.num_devices})
+
+    import dapple_tf
+    from dapple_tf.trainer import Trainer, TrainerOptions
+
+    batch_size = FLAGS.global_batch_size
+    if not batch_size and FLAGS.plan:
+        batch_size = dapple_tf.Plan.from_file(FLAGS.plan).global_batch_size
+    if not batch_size:
+        raise ValueError("--global_batch_size is required (the plan file does not say it)")
+    model_fn, input_fn, eval_input_fn, name = model_and_inputs(batch_size)
+    plan = make_plan(model_fn, input_fn, name, devices, batch_size)
+    options = TrainerOptions(
+        save_checkpoints_steps=FLAGS.save_checkpoints_steps, save_checkpoints_secs=FLAGS.save_checkpoints_secs,
+        keep_checkpoints=FLAGS.keep_checkpoints, log_every=FLAGS.log_every, summary_every=FLAGS.summary_every,
+        eval_every=FLAGS.eval_every if eval_input_fn else 0, failure_timeout_s=FLAGS.failure_timeout,
+        worker_wait_s=FLAGS.worker_wait_timeout, seed=FLAGS.seed)
+    trainer = Trainer(model_fn, input_fn, optimizer, plan, FLAGS.model_dir, schedule=FLAGS.schedule,
+                      eval_input_fn=eval_input_fn, cluster=cluster, options=options, config=config)
+    where = f"{len(cluster.workers)} worker tasks" if cluster else f"{FLAGS.num_devices} virtual CPU devices"
+    print(f"training {name}: {len(plan.stages)} stages "
+          f"({':'.join(str(len(s.devices)) for s in plan.stages)} devices), M={plan.num_micro_batches}, "
+          f"global batch {batch_size}, on {where}", flush=True)
+    result = trainer.train(FLAGS.steps)
+    print(f"done: step {result.step}, loss {result.loss:.6f}"
+          + (f", resumed from step {result.first_step}" if result.first_step else "")
+          + (f"; checkpoints in {FLAGS.model_dir}" if FLAGS.model_dir else ""), flush=True)
+    return 0
 
 
 def run():

@@ -1,0 +1,20 @@
+"""Reading a traced step (RunMetadata.step_stats): peak allocator use per device.
+
+A step run with RunOptions(trace_level=FULL_TRACE) records, for every operation, the bytes its
+device's allocator had in use when it ran; the largest of these per device is the step's peak.
+It works on remote devices too (workers return their step stats). Virtual CPU devices of one
+process share one allocator, so each reports the process's peak; with the BFC CPU allocator
+(TF_CPU_ALLOCATOR_USE_BFC=true) CPU devices report figures at all.
+"""
+
+from typing import Dict
+
+
+def peak_bytes_per_device(step_stats) -> Dict[str, int]:
+    """Device name -> the largest `allocator_bytes_in_use` any of its operations saw (devices with none left out)."""
+    peaks: Dict[str, int] = {}
+    for device_stats in step_stats.dev_stats:
+        used = [m.allocator_bytes_in_use for node in device_stats.node_stats for m in node.memory]
+        if used and max(used) > 0:
+            peaks[device_stats.device] = max(peaks.get(device_stats.device, 0), max(used))
+    return peaks
