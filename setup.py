@@ -25,6 +25,7 @@ setup(
         "protobuf>=4.21",
         "absl-py",
         "matplotlib",
+        "pyyaml",  # dapple_launch --emit=k8s
     ],
     extras_require={
         "test": ["pytest", "scikit-learn"],

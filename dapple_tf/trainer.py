@@ -178,7 +178,8 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
 
     def begin(self):
         if self._model_dir and self._options.summary_every:
-            self._writer = tf.compat.v1.summary.FileWriter(self._model_dir)
+            # the writer CheckpointSaverHook also uses: two writers opened in one second share a file name
+            self._writer = tf.compat.v1.summary.FileWriterCache.get(self._model_dir)
 
     def after_create_session(self, session, coord):
         self.step = self.first_step = int(session.run(self._global_step))
@@ -226,5 +227,5 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
 
     def close(self):
         if self._writer:
-            self._writer.close()
+            self._writer.flush()
             self._writer = None

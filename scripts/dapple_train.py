@@ -69,19 +69,16 @@ def load_function(text, flag):
 
 def model_and_inputs(batch_size):
     """(model_fn, input_fn(step), eval_input_fn(step) or None, name) from the flags."""
-    if bool(FLAGS.model) == bool(FLAGS.model_fn):
-        raise ValueError("give exactly one of --model (a reference model) or --model_fn (your own)")
     if FLAGS.model:
         import models
 
         spec = models.get_model(FLAGS.model, FLAGS.config, **models.parse_model_flags(FLAGS.model_flags))
         return (spec.model_fn, spec.step_input_fn(batch_size, FLAGS.seed),
                 spec.step_input_fn(batch_size, FLAGS.seed + 1), FLAGS.model)
-    if not FLAGS.input_fn:
-        raise ValueError("--model_fn needs --input_fn (package.module:function(step, batch_size))")
+    model_fn = load_function(FLAGS.model_fn, "model_fn")
     user_input = load_function(FLAGS.input_fn, "input_fn")
     user_eval = load_function(FLAGS.eval_input_fn, "eval_input_fn") if FLAGS.eval_input_fn else None
-    return (load_function(FLAGS.model_fn, "model_fn"), lambda step: user_input(step, batch_size),
+    return (model_fn, lambda step: user_input(step, batch_size),
             (lambda step: user_eval(step, batch_size)) if user_eval else None, FLAGS.model_fn)
 
 
@@ -158,6 +155,12 @@ def main(argv):
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
     if FLAGS.steps < 1 or FLAGS.num_devices < 1:
         raise ValueError("--steps and --num_devices must be >= 1")
+    if bool(FLAGS.model) == bool(FLAGS.model_fn):
+        raise ValueError("give exactly one of --model (a reference model) or --model_fn (your own)")
+    if FLAGS.model_fn and not FLAGS.input_fn:
+        raise ValueError("--model_fn needs --input_fn (package.module:function(step, batch_size))")
+    if not (FLAGS.global_batch_size or FLAGS.plan):
+        raise ValueError("--global_batch_size is required (or a --plan file that says it)")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 

@@ -1,0 +1,21 @@
+"""A user's own model and input for dapple_train --model_fn/--input_fn (not a reference model)."""
+
+import tensorflow as tf
+
+import dapple_tf
+
+
+def model_fn(features, labels):
+    with dapple_tf.layer("encode"):
+        w = tf.compat.v1.get_variable("encode_w", [6, 16], initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+        h = tf.nn.relu(tf.matmul(features, w))
+    with dapple_tf.layer("decode"):
+        w = tf.compat.v1.get_variable("decode_w", [16, 1], initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
+        return tf.reduce_mean(tf.square(tf.matmul(h, w)[:, 0] - labels))
+
+
+def input_fn(step, batch_size):
+    """A regression batch that depends on the step alone."""
+    key = tf.stack([tf.constant(7, tf.int64), tf.cast(step, tf.int64)])
+    x = tf.random.stateless_normal([batch_size, 6], key)
+    return x, tf.reduce_sum(x, axis=1) * 0.5
