@@ -36,12 +36,19 @@ def test_three_process_cluster_2_1_3_matches_single_device_both_schedules():
 def test_issue_example_plans_for_the_launched_cluster(tmp_path):
     model_dir = tmp_path / "m"
     result = run_program("dapple_launch", "--cluster=local:3x2", "--", "dapple_train", "--model=mlp",
-                         "--global_batch_size=24", "--steps=6", f"--model_dir={model_dir}", timeout=400)
+                         "--global_batch_size=24", "--steps=6", f"--model_dir={model_dir}", "--summary_every=3",
+                         timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "on local:3x2 (3x2 devices)" in result.stdout  # planned for the launched cluster
     assert "[chief] done: step 6" in result.stdout
     assert tf.train.latest_checkpoint(str(model_dir)).endswith("model.ckpt-6")
-    assert any(name.startswith("events.out.tfevents") for name in os.listdir(model_dir))
+    tags = set()
+    for name in os.listdir(model_dir):
+        if name.startswith("events.out.tfevents"):
+            for event in tf.compat.v1.train.summary_iterator(str(model_dir / name)):
+                tags |= {v.tag for v in event.summary.value}
+    assert {"loss", "samples_per_sec", "step_time_ms"} <= tags
+    assert "peak_memory_mib/job:worker_replica:0_task:2_device:CPU:1" in tags, sorted(tags)
 
 
 def _plan_file(path):
@@ -163,4 +170,15 @@ def test_stopped_master_is_a_bounded_error_naming_the_task(tmp_path):
     assert code != 0
     assert elapsed < 5 + 30, output  # the failure timeout plus probing, not forever
     assert f"worker task 0 ({address}) is not answering within" in error, error
+    assert _running_pids(output) == []
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    plan = _plan_file(tmp_path / "plan.json")
+    launch = _Launch("--cluster=local:3x2", *_train_args(plan, tmp_path / "m", 100000))
+    launch.wait_for(lambda line: line.startswith("[chief] step 5/"), 300)
+    launch.popen.send_signal(signal.SIGINT)
+    code, output = launch.finish(timeout=60)
+    assert code == 128 + signal.SIGINT, output
+    assert "dapple_launch: SIGINT: stopping every task" in output
     assert _running_pids(output) == []
