@@ -4,12 +4,18 @@
     handle = dapple_tf.build_pipeline(model_fn, features, labels, optimizer, plan)
 """
 
+from dapple_tf.cluster import ClusterError, TFCluster
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.layers import LayerRecorder, layer
 from dapple_tf.pipeline import PipelineHandle, build_pipeline
 from dapple_tf.plan import Plan
+from dapple_tf.trainer import Trainer, TrainerOptions
 
 __all__ = [
+    "ClusterError",
+    "TFCluster",
+    "Trainer",
+    "TrainerOptions",
     "DappleError",
     "LayerMarkerError",
     "PlanError",
