@@ -222,5 +222,5 @@ def map_devices(devices: Sequence[str], available: Sequence[str]) -> Tuple[str, 
             device = f"{task}/device:CPU:{kind.split(':', 1)[1]}"
         (mapped if device in have else missing).append(device)
     if missing:
-        raise ClusterError(f"the plan uses devices the cluster does not have: {missing}; it has {sorted(have)}")
+        raise ClusterError(f"the plan uses devices that are not available here: {missing}; available: {sorted(have)}")
     return tuple(mapped)

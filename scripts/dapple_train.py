@@ -116,9 +116,13 @@ def planner_cluster(devices):
 
 
 def make_plan(model_fn, input_fn, name, devices, batch_size):
-    """The plan (dapple_tf.Plan) from --plan, or from a profile and the DAPPLE planner."""
+    """The plan (dapple_tf.Plan) from --plan, or from a profile and the DAPPLE planner, on the devices
+    training runs on (`devices`, or this process's when None)."""
+    import tensorflow as tf
+
     import dapple_tf
     from dapple_tf.cluster import map_devices
+    from dapple_tf.replicas import canonical_device
     from planner import api as planner_api
     from planner.report import summarize
 
@@ -135,10 +139,11 @@ def make_plan(model_fn, input_fn, name, devices, batch_size):
         proto = planner_api.plan(profile, cluster, batch_size, planner="dapple")
         print(summarize(proto), flush=True)
         plan = dapple_tf.Plan.from_proto(proto, source=f"the plan for {cluster.name}")
-    if devices is not None:
-        mapping = dict(zip(plan.devices, map_devices(plan.devices, devices)))
-        plan = plan.with_devices(mapping.__getitem__)
-    return plan
+    if devices is None:  # this process's own devices
+        devices = [canonical_device(d.name) for d in tf.config.list_logical_devices()]
+    plan = plan.with_devices(canonical_device)  # build_pipeline's spelling, as map_devices compares names
+    mapping = dict(zip(plan.devices, map_devices(plan.devices, devices)))
+    return plan.with_devices(mapping.__getitem__)
 
 
 def optimizer():

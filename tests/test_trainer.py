@@ -89,3 +89,17 @@ def test_dapple_train_usage_errors(args, message):
     result = run_program("dapple_train", *args, timeout=300)
     assert result.returncode == 1
     assert message in result.stderr
+
+
+def test_dapple_train_refuses_a_cluster_plan_in_one_process(tmp_path):
+    from planner.cluster import local_task_cluster
+    from planner.schemas import plan_pb2, write_message
+
+    plan = plan_pb2.Plan(model_name="mlp", global_batch_size=8, num_micro_batches=1)
+    plan.cluster.CopyFrom(local_task_cluster(1, 1, memory_bytes=1e9))
+    plan.stages.add(first_layer=0, last_layer=2, device_ids=[0])
+    write_message(plan, str(tmp_path / "plan.json"))
+    result = run_program("dapple_train", "--model=mlp", f"--plan={tmp_path / 'plan.json'}", "--steps=1", timeout=300)
+    assert result.returncode == 1
+    assert ("the plan uses devices that are not available here: ['/job:worker/replica:0/task:0/device:CPU:0']; "
+            "available: ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']") in result.stderr
