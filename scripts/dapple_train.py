@@ -167,6 +167,7 @@ def main(argv):
     if not (FLAGS.global_batch_size or FLAGS.plan):
         raise ValueError("--global_batch_size is required (or a --plan file that says it)")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # CPU devices then report peak memory
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
