@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import collectives, gradients, microbatch, template as template_lib
+from dapple_tf import collectives, gradients, microbatch, outputs as outputs_lib, template as template_lib
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
@@ -42,6 +42,7 @@ class PipelineHandle:
     local_init_op: tf.Operation  # after a checkpoint restore: local init, then broadcast
     broadcast_op: tf.Operation  # copies := the user's variables (and optimizer slots)
     task_op_names: Dict[Tuple[str, Task, int], Tuple[str, ...]]  # (device, task, replica) -> op names
+    outputs: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # model_fn's extra outputs
 
 
 def _as_plan(plan) -> Plan:
@@ -83,7 +84,8 @@ class _LayerPlacer:
 def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
-    model_fn(features, labels) -> scalar mean loss, with layers marked by dapple_tf.layer; features
+    model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
+    (batch-leading tensors or scalar means: handle.outputs), with layers marked by dapple_tf.layer; features
     and labels are the global batch (tensors or nests of tensors, leading dimension = batch);
     optimizer a tf.compat.v1.train.Optimizer; plan a dapple_tf.Plan, a plan proto or a plan file;
     schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple").
@@ -110,7 +112,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
 
     recorder = LayerRecorder(graph, device_for_layer=_LayerPlacer(plan))
     with recorder.activate():
-        loss = model_fn(template_features, template_labels)
+        loss, extras = outputs_lib.split_model_result(model_fn(template_features, template_labels))
     if not recorder.layers:
         raise LayerMarkerError("model_fn marked no layers; wrap each layer in `with dapple_tf.layer(name):`")
     loss = tf.convert_to_tensor(loss)
@@ -118,7 +120,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         raise DappleError(f"model_fn must return a floating-point loss, got {loss.dtype.name} {loss.name}")
     stages = plan.resolve(recorder.names)
     variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
-    template = template_lib.analyze(loss, inputs, recorder.layers, stages, variables)
+    template = template_lib.analyze(loss, inputs, recorder.layers, stages, variables, extras)
     if plan.global_batch_size and plan.global_batch_size != template.global_batch_size:
         raise PlanError(
             f"{plan.source}: the plan is for a global batch of {plan.global_batch_size} but the features hold "
@@ -136,6 +138,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     builder.build_forward()
     builder.build_backward(sched)
     builder.chain(sched)
+    extra_outputs = builder.extra_outputs()
 
     with tf.device(stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
@@ -161,6 +164,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         local_init_op=local_init,
         broadcast_op=broadcast,
         task_op_names=builder.task_op_names(),
+        outputs=extra_outputs,
     )
 
 
