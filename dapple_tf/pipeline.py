@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from dapple_tf import collectives, gradients, microbatch, outputs as outputs_lib, template as template_lib
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
+from dapple_tf.graph_mode import require_graph_mode
 from dapple_tf.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
 from dapple_tf.replicas import VariableCopies, canonical_device
@@ -91,6 +92,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple").
     Returns a PipelineHandle.
     """
+    require_graph_mode("build_pipeline")
     plan = _as_plan(plan)
     schedule = schedule or plan.schedule_kind or "dapple"
     if schedule not in SCHEDULE_KINDS:
@@ -146,7 +148,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys)
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
-    train_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
+    with tf.control_dependencies([copies.stale_copy_check()]):
+        train_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
     slot_pairs = copies.localize_slots(optimizer)
     broadcast = copies.broadcast_op(slot_pairs)
     local_init = _after_local_init(copies, slot_pairs, "dapple_local_init")
