@@ -1,6 +1,7 @@
 """dapple_tf: trains a user's single-device TF graph as a DAPPLE pipelined data-parallel graph.
 
-    with dapple_tf.layer("dense1"): ...          # mark layers while writing the model
+    with dapple_tf.layer("dense1"): ...          # mark layers while writing the model, or
+    build_pipeline(..., layers=dapple_tf.layers_by_scope(depth=2))   # use the model's own name scopes
     handle = dapple_tf.build_pipeline(model_fn, features, labels, optimizer, plan)
 """
 
@@ -8,6 +9,7 @@ from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.layers import LayerRecorder, layer
 from dapple_tf.pipeline import PipelineHandle, build_pipeline
 from dapple_tf.plan import Plan
+from dapple_tf.scopes import ScopeLayers, layers_by_scope
 
 __all__ = [
     "DappleError",
@@ -15,6 +17,8 @@ __all__ = [
     "PlanError",
     "LayerRecorder",
     "layer",
+    "layers_by_scope",
+    "ScopeLayers",
     "Plan",
     "PipelineHandle",
     "build_pipeline",

@@ -24,6 +24,7 @@ from dapple_tf.graph_mode import require_graph_mode
 from dapple_tf.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
 from dapple_tf.replicas import VariableCopies, canonical_device
+from dapple_tf.scopes import ScopeLayers
 from dapple_tf.stage_builder import StageBuilder
 from planner.schedule import SCHEDULE_KINDS, Schedule, Task
 from planner.schemas import plan_pb2
@@ -82,14 +83,15 @@ class _LayerPlacer:
         return stages[self._stage].devices[0]
 
 
-def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None):
+def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, layers=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
     (batch-leading tensors or scalar means: handle.outputs), with layers marked by dapple_tf.layer; features
     and labels are the global batch (tensors or nests of tensors, leading dimension = batch);
     optimizer a tf.compat.v1.train.Optimizer; plan a dapple_tf.Plan, a plan proto or a plan file;
-    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple").
+    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple");
+    layers: None (dapple_tf.layer markers) or dapple_tf.layers_by_scope(...) (the model's name scopes).
     Returns a PipelineHandle.
     """
     require_graph_mode("build_pipeline")
@@ -112,12 +114,17 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         structure, [None if t is None else placeholder_of.get(t.name, t) for t in flat]
     )
 
-    recorder = LayerRecorder(graph, device_for_layer=_LayerPlacer(plan))
+    if layers is not None and not isinstance(layers, ScopeLayers):
+        raise DappleError(f"layers must be None (markers) or dapple_tf.layers_by_scope(...), got {layers!r}")
+    placer = _LayerPlacer(plan)
+    recorder = layers.recorder(graph, placer) if layers is not None else LayerRecorder(graph, device_for_layer=placer)
     with recorder.activate():
         loss, extras = outputs_lib.split_model_result(model_fn(template_features, template_labels))
     if not recorder.layers:
         raise LayerMarkerError("model_fn marked no layers; wrap each layer in `with dapple_tf.layer(name):`")
     loss = tf.convert_to_tensor(loss)
+    if layers is not None:
+        recorder.drop_layers_unused_by(loss)
     if not loss.dtype.is_floating:
         raise DappleError(f"model_fn must return a floating-point loss, got {loss.dtype.name} {loss.name}")
     stages = plan.resolve(recorder.names)
