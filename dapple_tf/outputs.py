@@ -98,7 +98,7 @@ def combine(
         return inputs[extra.tensor.name]
     global_batch = sum(sizes) * num_micro_batches
     order = [(m, j) for m in range(num_micro_batches) for j in range(len(sizes))]
-    with tf.device(devices[0]), tf.name_scope(f"dapple/outputs/{extra.name}"):
+    with tf.device(devices[0]), tf.name_scope("dapple/outputs"):
         if extra.kind == BATCH:
             for m, j in order:
                 check_clone_rows(extra, per_clone[(m, j)], sizes[j])

@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import collectives, gradients, microbatch, outputs as outputs_lib, template as template_lib
+from dapple_tf import batch_norm, collectives, gradients, microbatch, outputs as outputs_lib, template as template_lib
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.graph_mode import require_graph_mode
 from dapple_tf.layers import LayerRecorder
@@ -45,6 +45,7 @@ class PipelineHandle:
     broadcast_op: tf.Operation  # copies := the user's variables (and optimizer slots)
     task_op_names: Dict[Tuple[str, Task, int], Tuple[str, ...]]  # (device, task, replica) -> op names
     outputs: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # model_fn's extra outputs
+    update_ops: List[tf.Operation] = dataclasses.field(default_factory=list)  # UPDATE_OPS, run by train_op
 
 
 def _as_plan(plan) -> Plan:
@@ -118,6 +119,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         raise DappleError(f"layers must be None (markers) or dapple_tf.layers_by_scope(...), got {layers!r}")
     placer = _LayerPlacer(plan)
     recorder = layers.recorder(graph, placer) if layers is not None else LayerRecorder(graph, device_for_layer=placer)
+    first_model_op = len(graph.get_operations())
     with recorder.activate():
         loss, extras = outputs_lib.split_model_result(model_fn(template_features, template_labels))
     if not recorder.layers:
@@ -143,11 +145,22 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
 
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
+    updates = batch_norm.UpdateOps(
+        batch_norm.model_update_ops(graph, set(graph.get_operations()[first_model_op:])),
+        [st.ops for st in template.stages],
+        [graph.get_tensor_by_name(name).op for name in inputs],
+    )
+    batch_norm.warn_per_micro_batch([st.ops for st in template.stages], updates.update_ops, micro_size)
+    for s, statistics in updates.statistic_tensors().items():
+        template.stages[s].extra_outputs.extend(t for t in statistics if t not in template.stages[s].extra_outputs)
     builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable)
     builder.build_forward()
     builder.build_backward(sched)
     builder.chain(sched)
     extra_outputs = builder.extra_outputs()
+    update_ops = updates.build(
+        {name: builder.combined(extra) for name, extra in updates.statistics.items()}, stages[-1].devices[0]
+    )
 
     with tf.device(stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
@@ -156,7 +169,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
     with tf.control_dependencies([copies.stale_copy_check()]):
-        train_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
+        apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
+    train_op = tf.group(apply_op, *update_ops, name="dapple_train") if update_ops else apply_op
     slot_pairs = copies.localize_slots(optimizer)
     broadcast = copies.broadcast_op(slot_pairs)
     local_init = _after_local_init(copies, slot_pairs, "dapple_local_init")
@@ -175,6 +189,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         broadcast_op=broadcast,
         task_op_names=builder.task_op_names(),
         outputs=extra_outputs,
+        update_ops=update_ops,
     )
 
 

@@ -147,20 +147,19 @@ class StageBuilder:
 
     def extra_outputs(self) -> Dict[str, tf.Tensor]:
         """model_fn's extra outputs, each combined over micro-batches and replicas (outputs.py)."""
-        combined = {}
-        for extra in self.template.extras:
-            s = extra.stage
-            sizes = self._sizes[s] if s >= 0 else ()
-            per_clone = {
-                (m, j): self.clones[(s, m, j)].extras[extra.tensor.name]
-                for m in range(self.num_micro_batches)
-                for j in range(len(sizes))
-            }
-            devices = self.template.stages[s].stage.devices if s >= 0 else ()
-            combined[extra.name] = outputs_lib.combine(
-                extra, per_clone, sizes, self.num_micro_batches, devices, self.template.inputs
-            )
-        return combined
+        return {extra.name: self.combined(extra) for extra in self.template.extras}
+
+    def combined(self, extra) -> tf.Tensor:
+        """One outputs.ExtraOutput's global-batch value, from the clones of its stage."""
+        s = extra.stage
+        sizes = self._sizes[s] if s >= 0 else ()
+        per_clone = {
+            (m, j): self.clones[(s, m, j)].extras[extra.tensor.name]
+            for m in range(self.num_micro_batches)
+            for j in range(len(sizes))
+        }
+        devices = self.template.stages[s].stage.devices if s >= 0 else ()
+        return outputs_lib.combine(extra, per_clone, sizes, self.num_micro_batches, devices, self.template.inputs)
 
     # -- backward --------------------------------------------------------------------------
     def build_backward(self, schedule: Schedule) -> None:
