@@ -5,6 +5,7 @@
     handle = dapple_tf.build_pipeline(model_fn, features, labels, optimizer, plan)
 """
 
+from dapple_tf.batch_norm import BatchNormWarning
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.layers import LayerRecorder, layer
 from dapple_tf.pipeline import PipelineHandle, build_pipeline
@@ -12,6 +13,7 @@ from dapple_tf.plan import Plan
 from dapple_tf.scopes import ScopeLayers, layers_by_scope
 
 __all__ = [
+    "BatchNormWarning",
     "DappleError",
     "LayerMarkerError",
     "PlanError",

@@ -12,7 +12,7 @@ warns (BatchNormWarning) naming the batch-norm ops.
 """
 
 import warnings
-from typing import Dict, List, Sequence, Set
+from typing import Callable, Dict, List, Sequence, Set
 
 import tensorflow as tf
 
@@ -37,7 +37,7 @@ def warn_per_micro_batch(stage_ops: Sequence[Sequence[tf.Operation]], update_ops
         f"(micro-batches of {micro_batch_size} samples, split further across a stage's replicas), not the global "
         "batch's; the moving averages are updated once per step from the mean of those statistics",
         BatchNormWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
 
 
@@ -93,17 +93,11 @@ class UpdateOps:
                     self.fixed[t.name] = t
             stack.extend(c for c in op.control_inputs if c not in stage_of and c in batch_dependent)
 
-    def statistic_tensors(self) -> Dict[int, List[tf.Tensor]]:
-        """Stage -> the tensors its clones must also return."""
-        per_stage: Dict[int, List[tf.Tensor]] = {}
-        for extra in self.statistics.values():
-            per_stage.setdefault(extra.stage, []).append(extra.tensor)
-        return per_stage
-
-    def build(self, averaged: Dict[str, tf.Tensor], device: str) -> List[tf.Operation]:
-        """The update ops, imported once, fed by `averaged` (stage tensor name -> its average)."""
+    def build(self, combined: Callable[[outputs_lib.ExtraOutput], tf.Tensor], device: str) -> List[tf.Operation]:
+        """The update ops, imported once, fed by the statistics averaged by `combined` (StageBuilder.combined)."""
         if not self.update_ops:
             return list(self.unchanged)
+        averaged = {name: combined(extra) for name, extra in self.statistics.items()}
         ordered = sorted(self.subgraph, key=lambda op: op._id)  # pylint: disable=protected-access
         graph_def = graph_defs_lib.stage_graph_defs(ordered[0].graph, [ordered])[0].graph_def
         input_map = dict(self.fixed)
@@ -114,3 +108,18 @@ class UpdateOps:
                 name="dapple/update_ops",
             )
         return list(self.unchanged) + list(imported)
+
+
+def prepare(template, created: Set[tf.Operation], micro_batch_size: int) -> UpdateOps:
+    """The UpdateOps of the UPDATE_OPS model_fn `created`, their statistics added to the stages' clone outputs
+    (template.StageTemplate.extra_outputs); warns about per-micro-batch statistics."""
+    graph = template.stages[0].ops[0].graph
+    stage_ops = [st.ops for st in template.stages]
+    placeholders = [graph.get_tensor_by_name(name).op for name in template.inputs]
+    updates = UpdateOps(model_update_ops(graph, created), stage_ops, placeholders)
+    warn_per_micro_batch(stage_ops, updates.update_ops, micro_batch_size)
+    for extra in updates.statistics.values():
+        wanted = template.stages[extra.stage].extra_outputs
+        if extra.tensor not in wanted:
+            wanted.append(extra.tensor)
+    return updates

@@ -145,22 +145,13 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
 
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
-    updates = batch_norm.UpdateOps(
-        batch_norm.model_update_ops(graph, set(graph.get_operations()[first_model_op:])),
-        [st.ops for st in template.stages],
-        [graph.get_tensor_by_name(name).op for name in inputs],
-    )
-    batch_norm.warn_per_micro_batch([st.ops for st in template.stages], updates.update_ops, micro_size)
-    for s, statistics in updates.statistic_tensors().items():
-        template.stages[s].extra_outputs.extend(t for t in statistics if t not in template.stages[s].extra_outputs)
+    updates = batch_norm.prepare(template, set(graph.get_operations()[first_model_op:]), micro_size)
     builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable)
     builder.build_forward()
     builder.build_backward(sched)
     builder.chain(sched)
     extra_outputs = builder.extra_outputs()
-    update_ops = updates.build(
-        {name: builder.combined(extra) for name, extra in updates.statistics.items()}, stages[-1].devices[0]
-    )
+    update_ops = updates.build(builder.combined, stages[-1].devices[0])
 
     with tf.device(stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
