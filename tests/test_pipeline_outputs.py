@@ -56,10 +56,14 @@ def test_extra_outputs_equal_single_device(stages, n):
         )
         assert sorted(handle.outputs) == sorted(want)
         assert handle.outputs["logits"].shape.as_list() == [n, toy_models.CLASSES]
+        summary = tf.compat.v1.summary.scalar("accuracy", handle.outputs["accuracy"])
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(handle.initializer)
-            loss, got = sess.run((handle.loss, handle.outputs))
+            loss, got, summary_bytes = sess.run((handle.loss, handle.outputs, summary))
             after_step = sess.run((handle.outputs, handle.train_op))[0]  # fetched with train_op: same forward
+    summary_value = tf.compat.v1.Summary.FromString(summary_bytes).value[0]
+    assert summary_value.tag == "accuracy"
+    np.testing.assert_allclose(summary_value.simple_value, want["accuracy"], rtol=1e-6)
     np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
