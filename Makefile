@@ -18,8 +18,9 @@ $(VENV)/.core: setup.py requirements/primary.txt
 	touch $@
 
 # Horovod compiles against the installed TF (about 6 minutes on 2 cores; pip caches the wheel).
+# tf-slim (third-party nets for tests/test_pipeline_slim.py) is primary-only: unchecked on TF 2.21.
 $(VENV)/.horovod: $(VENV)/.core
-	$(VENV)/bin/pip install $(PIP_FLAGS) -q -c requirements/primary.txt cmake tensorflow-estimator
+	$(VENV)/bin/pip install $(PIP_FLAGS) -q -c requirements/primary.txt cmake tensorflow-estimator tf-slim
 	$(HOROVOD_ENV) $(VENV)/bin/pip install $(PIP_FLAGS) -q --no-build-isolation -c requirements/primary.txt horovod
 	touch $@
 

@@ -1,17 +1,22 @@
 """dapple_tf: trains a user's single-device TF graph as a DAPPLE pipelined data-parallel graph.
 
-    with dapple_tf.layer("dense1"): ...          # mark layers while writing the model
+    with dapple_tf.layer("dense1"): ...          # mark layers while writing the model, or
+    build_pipeline(..., layers=dapple_tf.layers_by_scope(depth=2))   # use the model's own name scopes
     handle = dapple_tf.build_pipeline(model_fn, features, labels, optimizer, plan)
+    dapple_tf.Trainer(model_fn, input_fn, optimizer, plan, model_dir).train(steps)   # or a training loop
 """
 
+from dapple_tf.batch_norm import BatchNormWarning
 from dapple_tf.cluster import ClusterError, TFCluster
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.layers import LayerRecorder, layer
 from dapple_tf.pipeline import PipelineHandle, build_pipeline
 from dapple_tf.plan import Plan
+from dapple_tf.scopes import ScopeLayers, layers_by_scope
 from dapple_tf.trainer import Trainer, TrainerOptions
 
 __all__ = [
+    "BatchNormWarning",
     "ClusterError",
     "TFCluster",
     "Trainer",
@@ -21,6 +26,8 @@ __all__ = [
     "PlanError",
     "LayerRecorder",
     "layer",
+    "layers_by_scope",
+    "ScopeLayers",
     "Plan",
     "PipelineHandle",
     "build_pipeline",

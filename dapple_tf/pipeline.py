@@ -18,11 +18,13 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import collectives, gradients, microbatch, template as template_lib
+from dapple_tf import batch_norm, collectives, gradients, microbatch, outputs as outputs_lib, template as template_lib
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
+from dapple_tf.graph_mode import require_graph_mode
 from dapple_tf.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
 from dapple_tf.replicas import VariableCopies, canonical_device
+from dapple_tf.scopes import ScopeLayers
 from dapple_tf.stage_builder import StageBuilder
 from planner.schedule import SCHEDULE_KINDS, Schedule, Task
 from planner.schemas import plan_pb2
@@ -42,6 +44,8 @@ class PipelineHandle:
     local_init_op: tf.Operation  # after a checkpoint restore: local init, then broadcast
     broadcast_op: tf.Operation  # copies := the user's variables (and optimizer slots)
     task_op_names: Dict[Tuple[str, Task, int], Tuple[str, ...]]  # (device, task, replica) -> op names
+    outputs: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # model_fn's extra outputs
+    update_ops: List[tf.Operation] = dataclasses.field(default_factory=list)  # UPDATE_OPS, run by train_op
 
 
 def _as_plan(plan) -> Plan:
@@ -81,15 +85,18 @@ class _LayerPlacer:
         return stages[self._stage].devices[0]
 
 
-def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None):
+def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, layers=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
-    model_fn(features, labels) -> scalar mean loss, with layers marked by dapple_tf.layer; features
+    model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
+    (batch-leading tensors or scalar means: handle.outputs), with layers marked by dapple_tf.layer; features
     and labels are the global batch (tensors or nests of tensors, leading dimension = batch);
     optimizer a tf.compat.v1.train.Optimizer; plan a dapple_tf.Plan, a plan proto or a plan file;
-    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple").
+    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple");
+    layers: None (dapple_tf.layer markers) or dapple_tf.layers_by_scope(...) (the model's name scopes).
     Returns a PipelineHandle.
     """
+    require_graph_mode("build_pipeline")
     plan = _as_plan(plan)
     schedule = schedule or plan.schedule_kind or "dapple"
     if schedule not in SCHEDULE_KINDS:
@@ -109,17 +116,23 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         structure, [None if t is None else placeholder_of.get(t.name, t) for t in flat]
     )
 
-    recorder = LayerRecorder(graph, device_for_layer=_LayerPlacer(plan))
+    if layers is not None and not isinstance(layers, ScopeLayers):
+        raise DappleError(f"layers must be None (markers) or dapple_tf.layers_by_scope(...), got {layers!r}")
+    placer = _LayerPlacer(plan)
+    recorder = layers.recorder(graph, placer) if layers is not None else LayerRecorder(graph, device_for_layer=placer)
+    first_model_op = len(graph.get_operations())
     with recorder.activate():
-        loss = model_fn(template_features, template_labels)
+        loss, extras = outputs_lib.split_model_result(model_fn(template_features, template_labels))
     if not recorder.layers:
         raise LayerMarkerError("model_fn marked no layers; wrap each layer in `with dapple_tf.layer(name):`")
     loss = tf.convert_to_tensor(loss)
+    if layers is not None:
+        recorder.drop_layers_unused_by(loss)
     if not loss.dtype.is_floating:
         raise DappleError(f"model_fn must return a floating-point loss, got {loss.dtype.name} {loss.name}")
     stages = plan.resolve(recorder.names)
     variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
-    template = template_lib.analyze(loss, inputs, recorder.layers, stages, variables)
+    template = template_lib.analyze(loss, inputs, recorder.layers, stages, variables, extras)
     if plan.global_batch_size and plan.global_batch_size != template.global_batch_size:
         raise PlanError(
             f"{plan.source}: the plan is for a global batch of {plan.global_batch_size} but the features hold "
@@ -133,10 +146,13 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
 
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
+    updates = batch_norm.prepare(template, set(graph.get_operations()[first_model_op:]), micro_size)
     builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable)
     builder.build_forward()
     builder.build_backward(sched)
     builder.chain(sched)
+    extra_outputs = builder.extra_outputs()
+    update_ops = updates.build(builder.combined, stages[-1].devices[0])
 
     with tf.device(stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
@@ -144,7 +160,9 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys)
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
-    train_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
+    with tf.control_dependencies([copies.stale_copy_check()]):
+        apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
+    train_op = tf.group(apply_op, *update_ops, name="dapple_train") if update_ops else apply_op
     slot_pairs = copies.localize_slots(optimizer)
     broadcast = copies.broadcast_op(slot_pairs)
     local_init = _after_local_init(copies, slot_pairs, "dapple_local_init")
@@ -162,6 +180,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         local_init_op=local_init,
         broadcast_op=broadcast,
         task_op_names=builder.task_op_names(),
+        outputs=extra_outputs,
+        update_ops=update_ops,
     )
 
 

@@ -4,7 +4,7 @@ The user's variable is the copy on its own device (the stage's first device, whe
 placed it); the other devices get local copies. Copies (and their optimizer slots) live in
 LOCAL_VARIABLES, so checkpoints hold exactly the single-device model's variables. Every copy
 applies the same all-reduced gradient; `broadcast_op` sets copies (and slots) from the user's
-variables after initialization or a restore.
+variables after initialization or a restore; `stale_copy_check` catches a restore that skipped it.
 """
 
 from typing import Dict, List, Tuple
@@ -82,3 +82,36 @@ class VariableCopies:
             with tf.device(target.device):
                 assigns.append(target.assign(source.read_value()).op)
         return tf.group(*assigns, name="dapple_broadcast_variables")
+
+    def stale_copy_check(self) -> tf.Operation:
+        """An op for the first step after local initialization: fails unless every copy equals its
+        user's variable (a checkpoint restored, or a variable assigned, without the broadcast).
+
+        A local flag (reset by local init, so by `local_init_op`) makes later steps skip the comparison.
+        """
+        pairs = self.extra_copies()
+        if not pairs:
+            return tf.no_op(name="dapple_stale_copy_check")
+        with tf.control_dependencies(None):
+            checked = tf.compat.v1.Variable(
+                False, trainable=False, collections=[_LOCAL], name="dapple_copies_checked", use_resource=True
+            )
+
+        def compare():
+            asserts = []
+            for variable, copy in pairs:
+                with tf.device(copy.device):
+                    equal = tf.reduce_all(tf.equal(copy.read_value(), variable.read_value()))
+                    asserts.append(tf.debugging.Assert(equal, [_STALE_MESSAGE.format(name=variable.op.name)]))
+            with tf.control_dependencies(asserts):
+                return checked.assign(True, read_value=True)
+
+        result = tf.cond(checked.read_value(), lambda: tf.constant(True), compare, name="dapple_stale_copy_check")
+        return result.op
+
+
+_STALE_MESSAGE = (
+    "dapple_tf: the pipeline's copy of variable {name} differs from the variable: a checkpoint was restored (or "
+    "a variable assigned) without updating the copies, so replicas would train on stale weights; run "
+    "sess.run(handle.local_init_op) after Saver.restore or an assignment (MonitoredSession / Scaffold run it)"
+)

@@ -15,7 +15,7 @@ from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import graph_defs as graph_defs_lib, microbatch, tasks
+from dapple_tf import graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib, tasks
 from dapple_tf.errors import DappleError
 from dapple_tf.gradients import GradientAccumulator
 from dapple_tf.replicas import VariableCopies
@@ -30,6 +30,7 @@ class _Clone:
     inputs: Dict[str, tf.Tensor]  # template tensor name -> the tensor fed in its place
     outputs: Dict[str, tf.Tensor]  # template tensor name -> the clone's tensor
     loss: tf.Tensor = None
+    extras: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # model_fn's extra outputs
 
 
 def _differentiable(t: tf.Tensor) -> bool:
@@ -107,14 +108,17 @@ class StageBuilder:
                         for ext in stage.externals:
                             feed[ext.tensor.name] = self._feed(ext, m, j, start, sizes[j], micro_inputs[m], device)
                         wanted = [t.name for t in stage.outputs] + ([stage.loss.name] if stage.loss is not None else [])
+                        wanted += [t.name for t in stage.extra_outputs if t.name not in wanted]
                         clone_id = len(self.clones) + 1
                         graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}", clone_id)
                         results = tf.compat.v1.import_graph_def(
                             graph_def, input_map=feed, return_elements=wanted, name=f"dapple/stage{s}/mb{m}/r{j}"
                         )
-                    clone = _Clone(inputs=feed, outputs=dict(zip(wanted, results)))
+                    by_name = dict(zip(wanted, results))
+                    clone = _Clone(inputs=feed, outputs={t.name: by_name[t.name] for t in stage.outputs})
+                    clone.extras = {t.name: by_name[t.name] for t in stage.extra_outputs}
                     if stage.loss is not None:
-                        clone.loss = clone.outputs.pop(stage.loss.name)
+                        clone.loss = by_name[stage.loss.name]
                         with tf.device(device):
                             weight = tf.constant(sizes[j] / n, dtype=clone.loss.dtype)
                             self.weighted_losses.append(clone.loss * weight)
@@ -140,6 +144,22 @@ class StageBuilder:
         # A tensor of this task's own, so that the gradient w.r.t. it covers only this clone's paths
         # (not a path through another boundary tensor the same producer computed from it).
         return tf.identity(received)
+
+    def extra_outputs(self) -> Dict[str, tf.Tensor]:
+        """model_fn's extra outputs, each combined over micro-batches and replicas (outputs.py)."""
+        return {extra.name: self.combined(extra) for extra in self.template.extras}
+
+    def combined(self, extra) -> tf.Tensor:
+        """One outputs.ExtraOutput's global-batch value, from the clones of its stage."""
+        s = extra.stage
+        sizes = self._sizes[s] if s >= 0 else ()
+        per_clone = {
+            (m, j): self.clones[(s, m, j)].extras[extra.tensor.name]
+            for m in range(self.num_micro_batches)
+            for j in range(len(sizes))
+        }
+        devices = self.template.stages[s].stage.devices if s >= 0 else ()
+        return outputs_lib.combine(extra, per_clone, sizes, self.num_micro_batches, devices, self.template.inputs)
 
     # -- backward --------------------------------------------------------------------------
     def build_backward(self, schedule: Schedule) -> None:

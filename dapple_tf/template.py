@@ -15,10 +15,11 @@ Nothing here runs the graph.
 """
 
 import dataclasses
-from typing import Dict, List, Sequence, Set
+from typing import Dict, List, Mapping, Sequence, Set
 
 import tensorflow as tf
 
+from dapple_tf import outputs as outputs_lib
 from dapple_tf.errors import DappleError, LayerMarkerError
 from dapple_tf.layers import LayerRecord
 from dapple_tf.plan import ResolvedStage
@@ -47,6 +48,7 @@ class StageTemplate:
     externals: List[ExternalTensor]
     outputs: List[tf.Tensor]  # tensors later stages consume
     loss: tf.Tensor = None  # set on the stage that computes the loss
+    extra_outputs: List[tf.Tensor] = dataclasses.field(default_factory=list)  # model_fn's extra outputs here
 
 
 @dataclasses.dataclass
@@ -55,6 +57,7 @@ class Template:
     inputs: Dict[str, tf.Tensor]  # template placeholder name -> the global-batch tensor it stands for
     global_batch_size: int
     variable_of_handle: Dict[str, tf.Variable]  # handle tensor name -> variable
+    extras: List[outputs_lib.ExtraOutput] = dataclasses.field(default_factory=list)
 
 
 def _op_set_reachable_from(starts: Sequence[tf.Operation]) -> Set[tf.Operation]:
@@ -110,10 +113,14 @@ def analyze(
     layers: Sequence[LayerRecord],
     stages: Sequence[ResolvedStage],
     variables: Sequence[tf.Variable],
+    extras: Mapping[str, tf.Tensor] = None,
 ) -> Template:
-    """Cuts the template graph that computes `loss` from the placeholders into `stages`.
+    """Cuts the template graph that computes `loss` (and the `extras` outputs) from the placeholders
+    into `stages`.
 
     `inputs` maps each template placeholder's name to the global-batch tensor it stands for.
+    Operations only the extra outputs need may lie outside the layers: they join the stage that
+    pulls them (the stage of the output's layer, else the last stage).
     """
     if loss.shape.rank != 0:
         raise DappleError(f"the model must return a scalar loss (a mean over the batch), got {loss.name} {loss.shape}")
@@ -143,9 +150,16 @@ def analyze(
     # so that every replica reads its own variable copy.
     reads_variables = _op_set_reachable_from([op for op in graph.get_operations() if op.type in _VARIABLE_OPS])
     stage_ops: List[Set[tf.Operation]] = [set() for _ in stages]
-    stack = [(loss.op, len(stages) - 1)]
+    extra_outputs = [
+        outputs_lib.classify(name, t, input_names, batch_dependent) for name, t in (extras or {}).items()
+    ]
+    pulled = [e for e in extra_outputs if e.kind in (outputs_lib.BATCH, outputs_lib.MEAN)]
+    for extra in pulled:
+        extra.stage = stage_of_layer[layer_of_op[extra.tensor.op]] if extra.tensor.op in layer_of_op else len(stages) - 1
+    # The loss's walk comes first (on top of the stack): ops outside the layers on its path are errors.
+    stack = [(e.tensor.op, e.stage, True) for e in pulled] + [(loss.op, len(stages) - 1, False)]
     while stack:
-        op, pulling_stage = stack.pop()
+        op, pulling_stage, for_extra = stack.pop()
         if op.type in _REF_VARIABLE_OPS:
             raise DappleError(
                 f"{op.name} is a reference variable; dapple_tf needs resource variables "
@@ -155,6 +169,8 @@ def analyze(
             continue
         if op in layer_of_op:
             s = stage_of_layer[layer_of_op[op]]
+        elif op in batch_dependent and for_extra:
+            s = pulling_stage
         elif op in batch_dependent:
             raise LayerMarkerError(
                 f"operation {op.name} ({op.type}) computes from the model inputs outside any dapple_tf.layer "
@@ -167,8 +183,8 @@ def analyze(
         if op in stage_ops[s]:
             continue
         stage_ops[s].add(op)
-        stack.extend((t.op, s) for t in op.inputs)
-        stack.extend((c, s) for c in op.control_inputs)
+        stack.extend((t.op, s, for_extra) for t in op.inputs)
+        stack.extend((c, s, for_extra) for c in op.control_inputs)
 
     stage_of_op = {op: s for s, ops in enumerate(stage_ops) for op in ops if op in layer_of_op}
     for s, ops in enumerate(stage_ops):
@@ -221,6 +237,12 @@ def analyze(
     for s, template in enumerate(templates):
         template.outputs = list(outputs_of_stage[s].values())
     templates[-1].loss = loss
+    for extra in pulled:
+        templates[extra.stage].extra_outputs.append(extra.tensor)
     return Template(
-        stages=templates, inputs=dict(inputs), global_batch_size=batch, variable_of_handle=handle_names
+        stages=templates,
+        inputs=dict(inputs),
+        global_batch_size=batch,
+        variable_of_handle=handle_names,
+        extras=extra_outputs,
     )

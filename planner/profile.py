@@ -3,12 +3,17 @@ planner's in-memory view of a profile.
 
 PipeDream text grammar (one item per line, blank lines ignored):
 
+    # model_name=<name>          (header lines this project writes; other `#` lines are comments)
+    # batch_size=<N>
     <id> -- <description> -- forward_compute_time=<ms>, backward_compute_time=<ms>,
         activation_size=<bytes | [a; b; ...]>, parameter_size=<bytes>[ -- stage_id=<int>]
     <whitespace><src_id> -- <dst_id>
 
 Values are read by position (like PipeDream's graph.py). Times are milliseconds for the whole
-profile batch, whose size is encoded in the file name (`-pbs-32`) or passed explicitly.
+profile batch, whose size is given by the caller, else the `# batch_size=` header, else the file name
+(`-pbs-32`, as PipeDream's own profiles); a header and a file name that disagree are an error. The
+model name comes from the `# model_name=` header, else the file name. (PipeDream's own parser does
+not know `#` lines: strip them for it.)
 
 Conversion rules (stable; the profiler relies on them):
 - layer name = node id ("node3"), description = the node's description text;
@@ -150,15 +155,40 @@ def topological_order(names: Sequence[str], inputs: Dict[str, Sequence[str]]) ->
     return order
 
 
+def _header(text: str, path: str) -> Dict[str, str]:
+    """`# key=value` lines at the top of the text (model_name, batch_size)."""
+    header = {}
+    for line_no, raw in enumerate(text.splitlines(), start=1):
+        if not raw.startswith("#"):
+            if raw.strip():
+                break
+            continue
+        key, sep, value = raw[1:].strip().partition("=")
+        if sep and key.strip() in ("model_name", "batch_size"):
+            header[key.strip()] = value.strip()
+            if key.strip() == "batch_size" and not value.strip().isdigit():
+                raise ProfileError(f"{path}:{line_no}: batch_size: not a positive integer: {value.strip()!r}")
+    return header
+
+
 def parse_pipedream(text: str, path: str = "<string>", batch_size: Optional[int] = None) -> LayerCostProfile:
     """Parses PipeDream profile text into a LayerCostProfile (layers in topological order).
 
-    `batch_size` defaults to the `-pbs-N` in `path`; ProfileError if neither gives one.
+    `batch_size` defaults to the `# batch_size=` header, else the `-pbs-N` in `path`; ProfileError if
+    none gives one, or if the header and the file name disagree.
     """
+    header = _header(text, path)
+    in_header = int(header["batch_size"]) if "batch_size" in header else None
+    in_name = batch_size_from_name(path)
+    if in_header is not None and in_name is not None and in_header != in_name:
+        raise ProfileError(f"{path}:0: the file says batch_size={in_header} but its name says -pbs-{in_name}")
     if batch_size is None:
-        batch_size = batch_size_from_name(path)
+        batch_size = in_header if in_header is not None else in_name
     if batch_size is None:
-        raise ProfileError(f"{path}:0: no profile batch size: name the file `...-pbs-N.txt` or pass batch_size")
+        raise ProfileError(
+            f"{path}:0: no profile batch size: add a `# batch_size=N` line, name the file `...-pbs-N.txt` "
+            "or pass batch_size"
+        )
     if batch_size < 1:
         raise ProfileError(f"{path}:0: profile batch size must be >= 1, got {batch_size}")
     layers: Dict[str, layer_cost_pb2.LayerCost] = {}
@@ -166,7 +196,7 @@ def parse_pipedream(text: str, path: str = "<string>", batch_size: Optional[int]
     order: List[str] = []
     edges: List[Tuple[str, str, int]] = []
     for line_no, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
+        if not raw.strip() or raw.startswith("#"):
             continue
         if raw[0].isspace():
             parts = [p.strip() for p in raw.strip().split(" -- ")]
@@ -200,7 +230,8 @@ def parse_pipedream(text: str, path: str = "<string>", batch_size: Optional[int]
         cycle = str(e)[len("cycle: "):].split(" -> ")
         line_no = edge_line.get((cycle[0], cycle[1]), 0)
         raise ProfileError(f"{path}:{line_no}: {e}") from None
-    profile = LayerCostProfile(model_name=model_name_from_path(path), batch_size=batch_size, source=path)
+    model_name = header.get("model_name") or model_name_from_path(path)
+    profile = LayerCostProfile(model_name=model_name, batch_size=batch_size, source=path)
     for index, name in enumerate(topo):
         layer = profile.layers.add()
         layer.CopyFrom(layers[name])
@@ -226,11 +257,15 @@ def _num(v: float) -> str:
 
 
 def format_pipedream(profile: LayerCostProfile) -> str:
-    """PipeDream text for a LayerCostProfile: node lines in layer order, then edge lines.
-
-    The batch size is not part of the text: name the file `...-pbs-<batch_size>.txt`.
-    """
+    """PipeDream text for a LayerCostProfile: `# model_name=` and `# batch_size=` header lines, node lines
+    in layer order, then edge lines."""
     lines = []
+    if profile.model_name:
+        if "\n" in profile.model_name:
+            raise ProfileError(f"<profile>:0: model name {profile.model_name!r} cannot be written in PipeDream text")
+        lines.append(f"# model_name={profile.model_name}")
+    if profile.batch_size:
+        lines.append(f"# batch_size={profile.batch_size}")
     for layer in profile.layers:
         if "\n" in layer.description or " -- " in layer.name:
             raise ProfileError(f"<profile>:0: layer {layer.name!r} cannot be written in PipeDream text")

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from dapple_tf.layers import LayerRecorder
+from dapple_tf.outputs import split_model_result
 from planner.schemas import layer_cost_pb2
 from profiler.analysis import analyze_layers, tensor_bytes
 from profiler.timing import net_run_ms, overhead_probe
@@ -84,14 +85,16 @@ def _variable_dependent_ops(graph):
 def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch_size: int,
                   device: str = "/device:CPU:0", warmup: int = 2, runs: int = 5, model_name: str = "model",
                   progress: Optional[Callable] = None, seed: int = 0, clock: str = "wall",
-                  threads: int = 0) -> layer_cost_pb2.LayerCostProfile:
+                  threads: int = 0, layers=None) -> layer_cost_pb2.LayerCostProfile:
     """Measures `model_fn(features, labels) -> loss` layer by layer; returns a LayerCostProfile.
 
     `make_inputs()` makes the (features, labels) tensors (placeholders) of batch `batch_size`;
     `input_values` are numpy values of the same structure. `progress(i, n, layer_cost)` is called
     after each layer (i from 1).
     `clock`: "wall" (elapsed time, the default) or "cpu" (process CPU time, for shared machines);
-    `threads`: TF thread-pool sizes (0: default). Raises LayerMarkerError (a ValueError) for a model that breaks the
+    `threads`: TF thread-pool sizes (0: default). `layers`: None (dapple_tf.layer markers) or
+    dapple_tf.layers_by_scope(...), as given to build_pipeline. model_fn may also return (loss, {name: tensor}).
+    Raises LayerMarkerError (a ValueError) for a model that breaks the
     marker contract and ValueError for an unavailable device.
     """
     graph = tf.Graph()
@@ -99,13 +102,17 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
         tf.compat.v1.set_random_seed(seed)
         features, labels = make_inputs()
         first_model_op = len(graph.get_operations())
-        recorder = LayerRecorder(graph)
+        recorder = layers.recorder(graph) if layers is not None else LayerRecorder(graph)
         with recorder.activate():
-            loss = model_fn(features, labels)
+            loss, _ = split_model_result(model_fn(features, labels))
         if not isinstance(loss, tf.Tensor):
             raise ValueError(f"model_fn must return the loss tensor, got {type(loss).__name__}")
         input_tensors = tf.nest.flatten((features, labels))
-        infos = analyze_layers(recorder, loss, graph.get_operations()[first_model_op:], input_tensors)
+        model_ops = graph.get_operations()[first_model_op:]
+        if layers is not None:  # scope layers hold every op related to a layer; heads the loss does not use go
+            recorder.drop_layers_unused_by(loss)
+            model_ops = ()
+        infos = analyze_layers(recorder, loss, model_ops, input_tensors)
         backward = _build_backward(infos)
         init = tf.compat.v1.global_variables_initializer()
     base_feed = dict(zip(input_tensors, tf.nest.flatten(input_values)))

@@ -1,9 +1,9 @@
 """Reading and writing layer cost profiles: protobuf (.pb/.pbtxt/.json) or PipeDream text (.txt).
 
 PipeDream text is read and written by planner/profile.py (the planner reads profiles without
-importing the profiler); this module only routes by extension and checks what the text format cannot
-hold: the profile batch size lives in the file name (`...-pbs-N.txt`), so a .txt path must carry the
-profile's batch size. Errors are ValueErrors (planner.profile.ProfileError, planner.schemas.SchemaError)
+importing the profiler); this module only routes by extension and checks that a .txt path naming a
+batch size (`...-pbs-N.txt`, PipeDream's convention) names the profile's (the text itself holds the
+model name and batch size in `#` header lines). Errors are ValueErrors (planner.profile.ProfileError, planner.schemas.SchemaError)
 naming the file.
 """
 
@@ -41,10 +41,10 @@ def check_writable(path, batch_size):
         raise ValueError(f"{path}: cannot write: permission denied")
     if ext == TEXT_FORMAT:
         in_name = pipedream.batch_size_from_name(path)
-        if in_name != batch_size:
+        if in_name is not None and in_name != batch_size:
             raise ValueError(
-                f"{path}: PipeDream text keeps the profile batch size in the file name; name it "
-                f"`...-pbs-{batch_size}.txt`" + (f" (it says {in_name})" if in_name else ""))
+                f"{path}: the file name says batch size {in_name} but the profile's is {batch_size}; name it "
+                f"`...-pbs-{batch_size}.txt` (or leave -pbs- out)")
     return ext
 
 

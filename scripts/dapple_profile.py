@@ -1,11 +1,14 @@
-"""dapple_profile: measure a reference model layer by layer and write its layer cost profile.
+"""dapple_profile: measure a model layer by layer and write its layer cost profile.
 
 Example:
   dapple_profile --model=mlp --batch_size=32 --device=/device:CPU:0 --output=mlp-pbs-32.pbtxt
   dapple_profile --model=vgg19 --config=tiny --model_flags=width_div=8 --output=vgg-pbs-32.txt
+  dapple_profile --model_fn=my_pkg.nets:model_fn --input_fn=my_pkg.nets:input_fn --output=mine.txt
+  dapple_profile --model_fn=my_pkg.nets:model_fn --features=float32:32,32,3 --labels=int32::10 \
+      --scope_depth=2 --output=mine.txt          # layers = the model's name scopes (no markers)
 
-The output format follows the extension: .pb/.pbtxt/.json (protobuf) or .txt (PipeDream text, whose
-file name must carry the batch size as `-pbs-N`). Progress (one line per layer) goes to stderr.
+The output format follows the extension: .pb/.pbtxt/.json (protobuf) or .txt (PipeDream text, with the
+model name and batch size in `#` header lines). Progress (one line per layer) goes to stderr.
 """
 
 import sys
@@ -17,6 +20,13 @@ from scripts.cli import run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Reference model name (see models/): mlp, vgg19, resnet50, bert, gnmt.")
+flags.DEFINE_string("model_fn", None, "Your own model instead: package.module:function (model_fn(features, labels)).")
+flags.DEFINE_string("input_fn", None, "With --model_fn: package.module:function, input_fn(batch_size) -> (features, labels).")
+flags.DEFINE_string("features", None, "With --model_fn, instead of --input_fn: DTYPE:SHAPE of one sample, e.g. float32:32,32,3.")
+flags.DEFINE_string("labels", None, "With --model_fn, instead of --input_fn: DTYPE:SHAPE[:MAX], e.g. int32::10.")
+flags.DEFINE_integer("scope_depth", None, "Layers = the model's name scopes at this depth (dapple_tf.layers_by_scope).")
+flags.DEFINE_list("scope_patterns", None, "Layers = the name scopes matching these patterns (dapple_tf.layers_by_scope).")
+flags.DEFINE_string("model_name", None, "Model name in the profile (default: the model's).")
 flags.DEFINE_enum("config", "tiny", ["tiny", "paper"], "Model size: tiny (tests) or paper (the paper's sizes).")
 flags.DEFINE_string("model_flags", "", "Config overrides, key=value,... (lists as a:b:c), e.g. hidden=128:128.")
 flags.DEFINE_integer("batch_size", 32, "Profile batch size.")
@@ -31,8 +41,8 @@ flags.DEFINE_integer("threads", 0, "TF intra/inter-op threads (0: TF's default).
 def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if not FLAGS.model:
-        raise ValueError("--model is required (mlp, vgg19, resnet50, bert, gnmt)")
+    if bool(FLAGS.model) == bool(FLAGS.model_fn):
+        raise ValueError("give --model (mlp, vgg19, resnet50, bert, gnmt) or --model_fn=package.module:function")
     if not FLAGS.output:
         raise ValueError("--output is required (.pb, .pbtxt, .json or .txt)")
     if FLAGS.batch_size < 1 or FLAGS.runs < 1 or FLAGS.warmup < 0:
@@ -41,11 +51,21 @@ def main(argv):
     import profiler
     from profiler.io import check_writable
 
-    spec = models.get_model(FLAGS.model, FLAGS.config, **models.parse_model_flags(FLAGS.model_flags))
+    from scripts import user_model
+
+    layers = user_model.scope_layers(FLAGS.scope_depth, FLAGS.scope_patterns)
+    if FLAGS.model_fn:
+        model_fn = user_model.load_function(FLAGS.model_fn, "model_fn")
+        input_fn = user_model.load_function(FLAGS.input_fn, "input_fn") if FLAGS.input_fn else None
+        values = user_model.input_values(FLAGS.batch_size, input_fn, FLAGS.features, FLAGS.labels)
+        model_name = FLAGS.model_name or FLAGS.model_fn.rpartition(":")[2]
+    else:
+        spec = models.get_model(FLAGS.model, FLAGS.config, **models.parse_model_flags(FLAGS.model_flags))
+        model_name = FLAGS.model_name or f"{FLAGS.model}-{FLAGS.config}"
     check_writable(FLAGS.output, FLAGS.batch_size)  # fail before spending minutes profiling
 
     start = time.time()
-    print(f"profiling {FLAGS.model} ({FLAGS.config}) at batch {FLAGS.batch_size} on {FLAGS.device}: "
+    print(f"profiling {model_name} at batch {FLAGS.batch_size} on {FLAGS.device}: "
           f"{FLAGS.warmup} warm-up + median of {FLAGS.runs} runs per layer", file=sys.stderr, flush=True)
 
     def progress(i, n, layer):
@@ -53,9 +73,13 @@ def main(argv):
               f"activations {layer.activation_bytes:.0f} B, parameters {layer.parameter_bytes:.0f} B",
               file=sys.stderr, flush=True)
 
-    profile = profiler.profile_spec(spec, FLAGS.batch_size, FLAGS.device, warmup=FLAGS.warmup, runs=FLAGS.runs,
-                                    clock=FLAGS.clock, threads=FLAGS.threads, progress=progress,
-                                    model_name=f"{FLAGS.model}-{FLAGS.config}")
+    options = dict(warmup=FLAGS.warmup, runs=FLAGS.runs, clock=FLAGS.clock, threads=FLAGS.threads,
+                   progress=progress, model_name=model_name, layers=layers)
+    if FLAGS.model_fn:
+        profile = profiler.profile_model(model_fn, lambda: user_model.placeholders_like(values), values,
+                                         FLAGS.batch_size, FLAGS.device, **options)
+    else:
+        profile = profiler.profile_spec(spec, FLAGS.batch_size, FLAGS.device, **options)
     profiler.write_profile(profile, FLAGS.output)
     total = sum(layer.forward_ms + layer.backward_ms for layer in profile.layers)
     print(f"wrote {FLAGS.output}: {len(profile.layers)} layers, forward+backward {total:.2f} ms per batch of "

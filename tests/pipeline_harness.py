@@ -51,12 +51,13 @@ def train_single(model_fn, x, y, make_optimizer, steps, initial=None):
 
 
 def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_metadata=None, initial=None,
-                    target="", config=SESSION_CONFIG):
-    """The same through build_pipeline (in a session on `target`: "" is this process); also returns the
-    handle and every variable copy's value."""
+                    target="", config=SESSION_CONFIG, **build):
+    """The same through build_pipeline (`build`: its other keyword arguments) in a session on `target` ("" is
+    this process); also returns the handle and every variable copy's value."""
     with tf.Graph().as_default():
         handle = dapple_tf.build_pipeline(
-            model_fn, tf.nest.map_structure(tf.constant, x), tf.constant(y), make_optimizer(), plan, schedule=schedule
+            model_fn, tf.nest.map_structure(tf.constant, x), tf.constant(y), make_optimizer(), plan, schedule=schedule,
+            **build,
         )
         grads = [tf.convert_to_tensor(g) for g, _ in handle.grads_and_vars]
         names = [v.op.name for _, v in handle.grads_and_vars]

@@ -1,6 +1,7 @@
 """Checkpoints of a pipelined run hold the single-device model's variables, and restore both ways."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import dapple_tf
@@ -79,3 +80,30 @@ def test_checkpoint_restores_both_ways(tmp_path):
             sess.run(train_op)
             for name, value in restored_then_trained.items():
                 np.testing.assert_allclose(value, sess.run(variables_by_name()[name]), rtol=1e-5, atol=1e-6)
+
+
+def test_restore_without_local_init_op_fails_on_the_first_step_with_the_fix(tmp_path):
+    values = toy_models.initial_values()
+    x, y = toy_models.batch(8)
+    with tf.Graph().as_default():
+        handle = pipelined_graph(values, x, y)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
+            sess.run(handle.initializer)
+            sess.run(handle.train_op)
+            ckpt = saver.save(sess, str(tmp_path / "model"))
+    with tf.Graph().as_default():
+        handle = pipelined_graph(values, x, y)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
+            sess.run(handle.initializer)
+            saver.restore(sess, ckpt)  # the copies still hold the initial values
+            with pytest.raises(tf.errors.InvalidArgumentError, match=r"copy of variable \w+ differs .*local_init_op"):
+                sess.run(handle.train_op)
+            sess.run(handle.local_init_op)  # the fix
+            for _ in range(2):  # checked once, then skipped
+                sess.run(handle.train_op)
+            copies = {v.op.name: sess.run(v) for v in tf.compat.v1.local_variables() if v.op.name.endswith("dapple_copy")}
+            for name, value in copies.items():
+                user = variables_by_name()[name.split("/dapple_copy")[0]]
+                np.testing.assert_array_equal(value, sess.run(user))

@@ -178,3 +178,21 @@ def test_warmup_counts_that_deadlock_are_refused():
                 toy_models.skip_model_fn(toy_models.initial_values()),
                 tf.constant(x), tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
             )
+
+
+def test_eager_mode_says_graph_mode_is_required():
+    x, y = toy_models.batch(N)
+    plan = dapple_tf.Plan.from_stages([(0, 1, [cpu(0)]), (2, 4, [cpu(1)])], num_micro_batches=2)
+    sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    model_fn = toy_models.skip_model_fn(toy_models.initial_values())
+    assert tf.executing_eagerly()
+    with pytest.raises(DappleError, match=r"needs graph mode but TensorFlow is executing eagerly.*tf.Graph\(\).as_default"):
+        dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), sgd, plan)
+
+    def traced(features, labels):
+        return dapple_tf.build_pipeline(model_fn, features, labels, sgd, plan).loss
+
+    with pytest.raises(DappleError, match=r"called inside a tf.function.*tf.compat.v1.Session"):
+        tf.function(traced, autograph=False)(tf.constant(x), tf.constant(y))
+    with pytest.raises(Exception, match=r"DappleError: build_pipeline was called inside a tf.function"):
+        tf.function(traced)(tf.constant(x), tf.constant(y))  # autograph wraps it as a StagingError

@@ -60,7 +60,7 @@ def test_errors(text, message):
 
 
 def test_batch_size_required():
-    with pytest.raises(ProfileError, match=r"^x.txt:0: no profile batch size"):
+    with pytest.raises(ProfileError, match=r"^x.txt:0: no profile batch size: add a `# batch_size=N` line"):
         parse_pipedream(NODE.format("a", "x", 1, 1), path="x.txt")
 
 

@@ -77,8 +77,7 @@ def test_own_profile_round_trips(ext, tmp_path, gnmt_profile):
 
 @pytest.mark.parametrize("name,message", [
     ("missing_dir/p.pbtxt", "directory .* does not exist"),
-    ("p.txt", r"name it `...-pbs-4.txt`"),
-    ("p-pbs-8.txt", r"name it `...-pbs-4.txt` \(it says 8\)"),
+    ("p-pbs-8.txt", r"the file name says batch size 8 but the profile's is 4; name it `...-pbs-4.txt`"),
     ("p.csv", "unknown profile extension '.csv'"),
     ("dir.pbtxt", "it is a directory"),
 ])
@@ -95,3 +94,16 @@ def test_read_errors_name_the_file(tmp_path):
     bad.write_text("node1 -- x -- forward_compute_time=abc\n")
     with pytest.raises(ValueError, match=re.escape(str(bad)) + ":1:"):
         profiler.read_profile(str(bad))
+
+
+def test_text_profile_keeps_model_name_and_batch_size_inside_the_file(tmp_path):
+    profile = profiler.layer_cost_pb2.LayerCostProfile(model_name="my-net", batch_size=4)
+    profile.layers.add(name="a", forward_ms=1.0)
+    out = tmp_path / "renamed.txt"  # no -pbs- in the name
+    profiler.write_profile(profile, str(out))
+    assert out.read_text().startswith("# model_name=my-net\n# batch_size=4\n")
+    again = profiler.read_profile(str(out))
+    assert (again.model_name, again.batch_size, [layer.name for layer in again.layers]) == ("my-net", 4, ["a"])
+    (tmp_path / "wrong-pbs-8.txt").write_text(out.read_text())
+    with pytest.raises(ValueError, match=r"wrong-pbs-8.txt:0: the file says batch_size=4 but its name says -pbs-8"):
+        profiler.read_profile(str(tmp_path / "wrong-pbs-8.txt"))

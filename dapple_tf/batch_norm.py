@@ -1,0 +1,125 @@
+"""Batch normalization in the pipelined graph: the model's UPDATE_OPS run once per step, and a warning.
+
+In the template, an update op (a moving-average assign, or anything else in the UPDATE_OPS collection)
+reads statistics computed by a stage (a batch mean, a batch variance) through ops of its own (the
+decay arithmetic) and assigns a variable. In the pipelined graph every clone of that stage computes
+the statistics of its own slice; `UpdateOps` adds those statistics to the clones' outputs, averages
+them over micro-batches and replicas (weighted by each slice's share of the global batch: the mean of
+the micro-batch statistics), and imports the update's own ops once, fed by the averages. The moving
+averages are then those of a single-device model that saw each step's micro-batch statistics
+averaged. Normalization itself uses each slice's statistics (micro-batch semantics): build_pipeline
+warns (BatchNormWarning) naming the batch-norm ops.
+"""
+
+import warnings
+from typing import Callable, Dict, List, Sequence, Set
+
+import tensorflow as tf
+
+from dapple_tf import graph_defs as graph_defs_lib, outputs as outputs_lib
+from dapple_tf.errors import DappleError
+
+_TRAINING_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+
+
+class BatchNormWarning(UserWarning):
+    """Batch statistics are computed per micro-batch slice, not over the global batch."""
+
+
+def warn_per_micro_batch(stage_ops: Sequence[Sequence[tf.Operation]], update_ops, micro_batch_size: int) -> None:
+    norms = [op.name for ops in stage_ops for op in ops if op.type in _TRAINING_NORMS and op.get_attr("is_training")]
+    if not norms and not update_ops:
+        return
+    named = norms or [op.name for op in update_ops]
+    shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+    warnings.warn(
+        f"batch normalization in training mode ({shown}) normalizes each micro-batch slice with its own statistics "
+        f"(micro-batches of {micro_batch_size} samples, split further across a stage's replicas), not the global "
+        "batch's; the moving averages are updated once per step from the mean of those statistics",
+        BatchNormWarning,
+        stacklevel=4,
+    )
+
+
+def _depends_on(sources: Sequence[tf.Operation], graph: tf.Graph) -> Set[tf.Operation]:
+    """Ops depending on `sources` through data or control edges (an assign behind a read_value)."""
+    dependent = set(sources)
+    for op in graph.get_operations():  # creation order is a topological order
+        if any(t.op in dependent for t in op.inputs) or any(c in dependent for c in op.control_inputs):
+            dependent.add(op)
+    return dependent
+
+
+def model_update_ops(graph: tf.Graph, created: Set[tf.Operation]) -> List[tf.Operation]:
+    """The operations in UPDATE_OPS that model_fn created (ops or tensors in the collection)."""
+    found = []
+    for item in graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS):
+        op = item if isinstance(item, tf.Operation) else getattr(item, "op", None)
+        if op in created and op not in found:
+            found.append(op)
+    return found
+
+
+class UpdateOps:
+    """The UPDATE_OPS of a template, rebuilt on the clones' averaged statistics; see the module docstring."""
+
+    def __init__(self, update_ops: Sequence[tf.Operation], stage_ops: Sequence[Sequence[tf.Operation]], placeholders):
+        batch_dependent = _depends_on(placeholders, placeholders[0].graph)
+        self.unchanged = [op for op in update_ops if op not in batch_dependent]  # e.g. a counter: runs as it is
+        self.update_ops = [op for op in update_ops if op in batch_dependent]
+        stage_of = {op: s for s, ops in enumerate(stage_ops) for op in ops}
+        self.subgraph: Set[tf.Operation] = set()
+        self.statistics: Dict[str, outputs_lib.ExtraOutput] = {}  # stage tensor name -> what to average
+        self.fixed: Dict[str, tf.Tensor] = {}  # batch-independent inputs, used as they are
+        stack = list(self.update_ops)
+        while stack:
+            op = stack.pop()
+            if op in self.subgraph:
+                continue
+            if op in stage_of:
+                raise DappleError(
+                    f"update op {op.name} ({op.type}) runs inside stage {stage_of[op]} (the loss depends on it, e.g. "
+                    "through tf.control_dependencies); leave UPDATE_OPS to build_pipeline, which runs them once per step"
+                )
+            self.subgraph.add(op)
+            for t in op.inputs:
+                if t.op in stage_of:
+                    self.statistics[t.name] = outputs_lib.ExtraOutput(t.name, t, outputs_lib.MEAN, stage_of[t.op])
+                elif t.op in batch_dependent:
+                    if t.op.type == "Placeholder":
+                        raise DappleError(f"update op {op.name} reads the model's inputs directly ({t.name})")
+                    stack.append(t.op)
+                else:
+                    self.fixed[t.name] = t
+            stack.extend(c for c in op.control_inputs if c not in stage_of and c in batch_dependent)
+
+    def build(self, combined: Callable[[outputs_lib.ExtraOutput], tf.Tensor], device: str) -> List[tf.Operation]:
+        """The update ops, imported once, fed by the statistics averaged by `combined` (StageBuilder.combined)."""
+        if not self.update_ops:
+            return list(self.unchanged)
+        averaged = {name: combined(extra) for name, extra in self.statistics.items()}
+        ordered = sorted(self.subgraph, key=lambda op: op._id)  # pylint: disable=protected-access
+        graph_def = graph_defs_lib.stage_graph_defs(ordered[0].graph, [ordered])[0].graph_def
+        input_map = dict(self.fixed)
+        input_map.update(averaged)
+        with tf.device(device):
+            imported = tf.compat.v1.import_graph_def(
+                graph_def, input_map=input_map, return_elements=[op.name for op in self.update_ops],
+                name="dapple/update_ops",
+            )
+        return list(self.unchanged) + list(imported)
+
+
+def prepare(template, created: Set[tf.Operation], micro_batch_size: int) -> UpdateOps:
+    """The UpdateOps of the UPDATE_OPS model_fn `created`, their statistics added to the stages' clone outputs
+    (template.StageTemplate.extra_outputs); warns about per-micro-batch statistics."""
+    graph = template.stages[0].ops[0].graph
+    stage_ops = [st.ops for st in template.stages]
+    placeholders = [graph.get_tensor_by_name(name).op for name in template.inputs]
+    updates = UpdateOps(model_update_ops(graph, created), stage_ops, placeholders)
+    warn_per_micro_batch(stage_ops, updates.update_ops, micro_batch_size)
+    for extra in updates.statistics.values():
+        wanted = template.stages[extra.stage].extra_outputs
+        if extra.tensor not in wanted:
+            wanted.append(extra.tensor)
+    return updates
