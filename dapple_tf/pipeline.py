@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import collectives, gradients, microbatch, template as template_lib
+from dapple_tf import collectives, gradients, microbatch, recompute as recompute_lib, template as template_lib
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
@@ -80,13 +80,15 @@ class _LayerPlacer:
         return stages[self._stage].devices[0]
 
 
-def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None):
+def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, recompute=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, with layers marked by dapple_tf.layer; features
     and labels are the global batch (tensors or nests of tensors, leading dimension = batch);
     optimizer a tf.compat.v1.train.Optimizer; plan a dapple_tf.Plan, a plan proto or a plan file;
-    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple").
+    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple");
+    recompute (re-computation, recompute.py) True, False or a list of stage indices (default: the
+    plan file's choice, else none).
     Returns a PipelineHandle.
     """
     plan = _as_plan(plan)
@@ -132,7 +134,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
 
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
-    builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable)
+    again = recompute_lib.stages_to_recompute(recompute, plan.recompute, len(stages))
+    builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable, again)
     builder.build_forward()
     builder.build_backward(sched)
     builder.chain(sched)

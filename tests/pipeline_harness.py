@@ -50,11 +50,14 @@ def train_single(model_fn, x, y, make_optimizer, steps, initial=None):
     return first_grads, weights, losses
 
 
-def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_metadata=None, initial=None):
+def train_pipelined(
+    model_fn, x, y, make_optimizer, plan, schedule, steps, run_metadata=None, initial=None, recompute=None
+):
     """The same through build_pipeline; also returns the handle and every variable copy's value."""
     with tf.Graph().as_default():
         handle = dapple_tf.build_pipeline(
-            model_fn, tf.nest.map_structure(tf.constant, x), tf.constant(y), make_optimizer(), plan, schedule=schedule
+            model_fn, tf.nest.map_structure(tf.constant, x), tf.constant(y), make_optimizer(), plan,
+            schedule=schedule, recompute=recompute,
         )
         grads = [tf.convert_to_tensor(g) for g, _ in handle.grads_and_vars]
         names = [v.op.name for _, v in handle.grads_and_vars]
