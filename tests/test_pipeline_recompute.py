@@ -8,6 +8,7 @@ import tensorflow as tf
 import dapple_tf
 from dapple_tf import DappleError, PlanError
 from planner.schedule import BACKWARD, FORWARD
+from planner.schemas import plan_pb2
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, assert_close_dicts, cpu, train_pipelined, train_single
 from tests.test_pipeline_equivalence import PLANS, STEPS, adam
@@ -176,3 +177,20 @@ def test_a_stage_that_changes_state_is_not_recomputed():
     with tf.Graph().as_default(), pytest.raises(DappleError, match=r"stage 0 cannot be recomputed: .*AssignAdd"):
         dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(np.zeros(4, np.float32)), adam(), plan,
                                  recompute=[0])
+
+
+def test_build_pipeline_follows_the_plan_files_choice():
+    proto = plan_pb2.Plan(num_micro_batches=2, schedule=plan_pb2.DAPPLE)
+    proto.cluster.device_names.extend([cpu(0), cpu(1)])
+    proto.stages.add(first_layer=0, last_layer=1, device_ids=[0])
+    proto.stages.add(first_layer=2, last_layer=4, device_ids=[1], recompute=True)
+    plan = dapple_tf.Plan.from_proto(proto)
+    assert plan.recompute == (False, True)
+    x, y = toy_models.batch(8)
+    model_fn = toy_models.skip_model_fn(toy_models.initial_values())
+    for recompute, stages in ((None, {1}), (False, set()), (True, {0, 1}), ([0], {0})):
+        with tf.Graph().as_default():
+            handle = dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), adam(), plan, recompute=recompute)
+        recomputed = {task.stage for (_, task, _), names in handle.task_op_names.items()
+                      if any("/recompute/" in n for n in names)}
+        assert recomputed == stages, recompute
