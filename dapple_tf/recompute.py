@@ -46,7 +46,9 @@ def stages_to_recompute(recompute, plan_choice: Sequence[bool], num_stages: int)
             if isinstance(s, bool) or not isinstance(s, int):
                 raise PlanError(f"recompute lists stage indices (ints), got {s!r}")
             if not 0 <= s < num_stages:
-                raise PlanError(f"recompute names stage {s}, but the plan has {num_stages} stages (0..{num_stages - 1})")
+                raise PlanError(
+                    f"recompute names stage {s}, but the plan has {num_stages} stages (0..{num_stages - 1})"
+                )
             chosen.add(s)
         return tuple(s in chosen for s in range(num_stages))
     raise PlanError(f"recompute must be True, False, None or a list of stage indices, got {recompute!r}")

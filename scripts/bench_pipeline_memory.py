@@ -4,9 +4,10 @@ re-computation (RC), as in the DAPPLE paper's Table 5.
 Builds a 2-stage pipeline of an MLP with wide hidden layers on 2 virtual CPU devices and runs,
 per (schedule, RC, M), a few steps with TF's BFC CPU allocator, reading the allocator's peak
 (tf.config.experimental.get_memory_info) minus its use at the start of each step: the step's
-activations and gradients (median over the steps: the two devices' overlap varies). The micro-batch size is fixed (as in Table 5), so GPipe's peak grows
-with M and DAPPLE's stays flat. On CPU every virtual device shares one allocator, so the figure
-is the sum over both stages. The same steps give samples/s (wall clock, median) and the process
+activations and gradients (median over the steps: the two devices' overlap varies). The
+micro-batch size is fixed (as in Table 5), so GPipe's peak grows with M and DAPPLE's stays flat
+(from M=4: at M=2 its peak comes before any gradient is accumulated). On CPU every virtual device
+shares one allocator, so the figure is the sum over both stages, not a per-device peak. The same steps give samples/s (wall clock, median) and the process
 CPU seconds per step (compute, insensitive to other processes: what RC adds).
 
     python -m scripts.bench_pipeline_memory                 # the grid and the paper's ratios
@@ -87,8 +88,8 @@ def measure(schedule, num_micro_batches, recompute, hidden, micro_batch_size, la
             [(0, half - 1, ["/device:CPU:0"]), (half, layers, ["/device:CPU:1"])], num_micro_batches=num_micro_batches
         )
         handle = dapple_tf.build_pipeline(
-            model_fn_for(hidden, layers, depth), x, y, tf.compat.v1.train.GradientDescentOptimizer(0.01), plan, schedule,
-            recompute=recompute,
+            model_fn_for(hidden, layers, depth), x, y, tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
+            schedule, recompute=recompute,
         )
         config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
         with tf.compat.v1.Session(config=config) as sess:

@@ -190,7 +190,9 @@ def test_build_pipeline_follows_the_plan_files_choice():
     model_fn = toy_models.skip_model_fn(toy_models.initial_values())
     for recompute, stages in ((None, {1}), (False, set()), (True, {0, 1}), ([0], {0})):
         with tf.Graph().as_default():
-            handle = dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), adam(), plan, recompute=recompute)
+            handle = dapple_tf.build_pipeline(
+                model_fn, tf.constant(x), tf.constant(y), adam(), plan, recompute=recompute
+            )
         recomputed = {task.stage for (_, task, _), names in handle.task_op_names.items()
                       if any("/recompute/" in n for n in names)}
         assert recomputed == stages, recompute
