@@ -7,8 +7,10 @@ per (schedule, RC, M), a few steps with TF's BFC CPU allocator, reading the allo
 activations and gradients (median over the steps: the two devices' overlap varies). The
 micro-batch size is fixed (as in Table 5), so GPipe's peak grows with M and DAPPLE's stays flat
 (from M=4: at M=2 its peak comes before any gradient is accumulated). On CPU every virtual device
-shares one allocator, so the figure is the sum over both stages, not a per-device peak. The same steps give samples/s (wall clock, median) and the process
-CPU seconds per step (compute, insensitive to other processes: what RC adds).
+shares one allocator, so the figure is the sum over both stages, not a per-device peak. The same
+steps (fetching the loss and train_op, as a training loop does) give samples/s and process CPU
+seconds per step (medians; on a shared machine both vary), and one traced step counts the MatMuls
+that ran: the work RC adds (one forward per micro-batch), independent of the machine's load.
 
     python -m scripts.bench_pipeline_memory                 # the grid and the paper's ratios
     python -m scripts.bench_pipeline_memory --json=out.json # also machine-readable
@@ -72,7 +74,7 @@ def model_fn_for(hidden, layers, depth):
 
 
 def measure(schedule, num_micro_batches, recompute, hidden, micro_batch_size, layers, depth, timed_steps=3):
-    """One configuration: peak bytes above the step's start, samples/s and CPU seconds per step."""
+    """One configuration: peak bytes above the step's start, samples/s, CPU seconds and MatMuls per step."""
     import numpy as np
     import tensorflow as tf
 
@@ -94,19 +96,28 @@ def measure(schedule, num_micro_batches, recompute, hidden, micro_batch_size, la
         config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
         with tf.compat.v1.Session(config=config) as sess:
             sess.run(handle.initializer)
-            sess.run(handle.train_op)  # warm-up: allocator pools, constant folding
+            step = [handle.loss, handle.train_op]  # a training loop's fetches: the loss too
+            sess.run(step)  # warm-up: allocator pools, constant folding
             walls, cpus, peaks = [], [], []
             for _ in range(timed_steps):
                 start = tf.config.experimental.get_memory_info("CPU:0")["current"]
                 tf.config.experimental.reset_memory_stats("CPU:0")
                 wall, cpu = time.perf_counter(), time.process_time()
-                sess.run(handle.train_op)
+                sess.run(step)
                 walls.append(time.perf_counter() - wall)
                 cpus.append(time.process_time() - cpu)
                 peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - start)
+            metadata = tf.compat.v1.RunMetadata()
+            options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+            sess.run(step, options=options, run_metadata=metadata)
+            op_type = {op.name: op.type for op in tf.compat.v1.get_default_graph().get_operations()}
+            matmuls = sum(
+                op_type.get(node.node_name) == "MatMul" for dev in metadata.step_stats.dev_stats for node in dev.node_stats
+            )
     return {
         "schedule": schedule, "recompute": recompute, "M": num_micro_batches, "peak_bytes": statistics.median(peaks),
         "samples_per_s": n / statistics.median(walls), "cpu_s_per_step": statistics.median(cpus),
+        "matmuls_per_step": matmuls,
     }
 
 
@@ -132,6 +143,8 @@ def paper_ratios(rows):
         checks.append((f"{s}: peak, RC / no RC, M={lo}", (s, True, lo), (s, False, lo), "peak_bytes", 1))
         checks.append((f"{s}: samples/s, RC / no RC, M={lo}", (s, True, lo), (s, False, lo), "samples_per_s", 0))
         checks.append((f"{s}: CPU s/step, RC / no RC, M={hi}", (s, True, hi), (s, False, hi), "cpu_s_per_step", None))
+        checks.append((f"{s}: MatMuls/step, RC / no RC, M={hi}", (s, True, hi), (s, False, hi), "matmuls_per_step",
+                       None))
     for rc in (False, True):
         tag = "+ RC " if rc else ""
         checks.append((f"dapple {tag}peak, M={hi} / M={lo}", ("dapple", rc, hi), ("dapple", rc, lo), "peak_bytes", 1))
@@ -169,13 +182,13 @@ def main(argv):
         f"(one activation = {act / MiB:.2f} MiB); step peak above its start, MiB, both stages together "
         "(TF BFC CPU allocator); paper: Table 5, BERT-48, average peak GB per device"
     )
-    print(f"{'schedule':<9}{'RC':<4}{'M':>3} {'peak MiB':>9} {'samples/s':>10} {'CPU s/step':>11}   "
+    print(f"{'schedule':<9}{'RC':<4}{'M':>3} {'peak MiB':>9} {'samples/s':>10} {'CPU s/step':>11} {'MatMuls':>8}   "
           f"{'paper samples/s':>15} {'paper GB':>9}")
     for r in rows:
         paper = PAPER.get((r["schedule"], r["recompute"], r["M"]))
         paper_text = f"{paper[0]:>15.2f} {paper[1]:>9.1f}" if paper else f"{'-':>15} {'-':>9}"
         print(f"{r['schedule']:<9}{'on' if r['recompute'] else 'off':<4}{r['M']:>3} {r['peak_bytes'] / MiB:>9.1f} "
-              f"{r['samples_per_s']:>10.0f} {r['cpu_s_per_step']:>11.3f}   {paper_text}")
+              f"{r['samples_per_s']:>10.0f} {r['cpu_s_per_step']:>11.3f} {r['matmuls_per_step']:>8}   {paper_text}")
     print(f"\n{'ratio':<42}{'ours':>7}{'paper':>7}")
     for what, value, paper in paper_ratios(rows):
         print(f"{what:<42}{value:>7.2f}{'-' if paper is None else f'{paper:.2f}':>7}")
