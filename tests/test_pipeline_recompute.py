@@ -94,14 +94,16 @@ def test_dropout_masks_are_recomputed(schedule):
 
 
 def test_unseeded_dropout_is_recomputed_with_the_forward_mask():
-    """loss = w * sum(mask * x) / keep: d loss / d w = loss / w only if the recomputed mask is the forward's."""
+    """loss = w * sum(masks * x) / keep^2: d loss / d w = loss / w only if the recomputed masks are the
+    forward's, also after steps that fetch train_op alone (the last stage's forward then computes only
+    its random draws)."""
 
     def model_fn(features, labels):
         with dapple_tf.layer("scale"):
             w = tf.compat.v1.get_variable("w", initializer=2.0)
             h = tf.nn.dropout(features * w, rate=0.5)
         with dapple_tf.layer("head"):
-            return tf.reduce_mean(tf.reduce_sum(h, axis=1)) + 0.0 * tf.reduce_mean(labels)
+            return tf.reduce_mean(tf.reduce_sum(tf.nn.dropout(h, rate=0.5), axis=1)) + 0.0 * tf.reduce_mean(labels)
 
     x, _ = toy_models.batch(8)
     y = np.zeros(8, np.float32)
@@ -113,6 +115,7 @@ def test_unseeded_dropout_is_recomputed_with_the_forward_mask():
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(handle.initializer)
             for _ in range(3):
+                sess.run(handle.train_op)
                 loss, g, _ = sess.run([handle.loss, grad, handle.train_op])
                 assert abs(loss) > 1e-3
                 np.testing.assert_allclose(g, loss / 2.0, rtol=1e-5)
