@@ -77,6 +77,7 @@ def dropout_model_fn(seed):
     return model_fn
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["dapple", "gpipe"])
 def test_dropout_masks_are_recomputed(schedule):
     """Seeded dropout, uneven replication 2:1:3: recomputing every stage, or stages 0 and 2 only,
