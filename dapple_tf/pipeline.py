@@ -18,7 +18,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import batch_norm, collectives, gradients, microbatch, outputs as outputs_lib, template as template_lib
+from dapple_tf import (batch_norm, collectives, gradients, microbatch, outputs as outputs_lib, recompute as recompute_lib,
+                       template as template_lib)
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.graph_mode import require_graph_mode
 from dapple_tf.layers import LayerRecorder
@@ -85,7 +86,8 @@ class _LayerPlacer:
         return stages[self._stage].devices[0]
 
 
-def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, layers=None):
+def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, layers=None,
+                   recompute=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
@@ -94,6 +96,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     optimizer a tf.compat.v1.train.Optimizer; plan a dapple_tf.Plan, a plan proto or a plan file;
     schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple");
     layers: None (dapple_tf.layer markers) or dapple_tf.layers_by_scope(...) (the model's name scopes).
+    recompute (re-computation, recompute.py) True, False or a list of stage indices (default: the
+    plan file's choice, else none).
     Returns a PipelineHandle.
     """
     require_graph_mode("build_pipeline")
@@ -147,7 +151,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
     updates = batch_norm.prepare(template, set(graph.get_operations()[first_model_op:]), micro_size)
-    builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable)
+    again = recompute_lib.stages_to_recompute(recompute, plan.recompute, len(stages))
+    builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable, again)
     builder.build_forward()
     builder.build_backward(sched)
     builder.chain(sched)

@@ -23,6 +23,7 @@ class StageSpec:
     first_layer: LayerRef
     last_layer: LayerRef
     devices: Tuple[str, ...]
+    recompute: bool = False  # re-computation chosen by the planner (plan.proto Stage.recompute)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,11 @@ class Plan:
     def devices(self) -> Tuple[str, ...]:
         return tuple(d for s in self.stages for d in s.devices)
 
+    @property
+    def recompute(self) -> Tuple[bool, ...]:
+        """Per stage, whether the plan chose re-computation."""
+        return tuple(s.recompute for s in self.stages)
+
     def with_devices(self, rename) -> "Plan":
         """The same plan with every device string passed through `rename` (checked again)."""
         return Plan(
@@ -136,7 +142,7 @@ class Plan:
                         f"{source}: stage {i} uses device id {d} but the cluster names {len(names)} devices"
                     )
                 devices.append(names[d])
-            specs.append(StageSpec(stage.first_layer, stage.last_layer, tuple(devices)))
+            specs.append(StageSpec(stage.first_layer, stage.last_layer, tuple(devices), recompute=stage.recompute))
             expected.append(tuple(stage.layer_names))
             warmup.append(stage.warmup_micro_batches)
         policy = "B" if proto.policy == plan_pb2.POLICY_B else "A"

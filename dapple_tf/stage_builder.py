@@ -8,14 +8,17 @@ gradients of its inputs (cut into pieces for the producing replicas) and of its 
 to a running sum per variable and device, so no more than one accumulated copy is alive).
 The loss of replica j is weighted by its slice's share of the global batch, so summing over
 micro-batches and replicas gives exactly the full-batch mean and its gradient.
+A stage with re-computation differentiates, in its backward task, a second clone fed by what
+the forward clone was fed (recompute.py) instead of the forward clone.
 """
 
 import dataclasses
-from typing import Dict, List, Tuple
+import random
+from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib, tasks
+from dapple_tf import graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib, recompute as recompute_lib, tasks
 from dapple_tf.errors import DappleError
 from dapple_tf.gradients import GradientAccumulator
 from dapple_tf.replicas import VariableCopies
@@ -31,6 +34,7 @@ class _Clone:
     outputs: Dict[str, tf.Tensor]  # template tensor name -> the clone's tensor
     loss: tf.Tensor = None
     extras: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # model_fn's extra outputs
+    salt: int = 0  # its random ops' seed salt (graph_defs.private_copy)
 
 
 def _differentiable(t: tf.Tensor) -> bool:
@@ -59,6 +63,7 @@ class StageBuilder:
         num_micro_batches: int,
         copies: VariableCopies,
         trainable: set,
+        recompute: Sequence[bool] = (),
     ):
         self.graph = graph
         self.template = template
@@ -66,6 +71,8 @@ class StageBuilder:
         self.num_micro_batches = num_micro_batches
         self.copies = copies
         self.trainable = trainable
+        self.recompute = tuple(recompute) or (False,) * len(template.stages)
+        self._graph_defs: List[graph_defs_lib.StageGraphDef] = []
         self.task_ops = tasks.TaskOps(graph)
         self.clones: Dict[Tuple[int, int, int], _Clone] = {}
         self.weighted_losses: List[tf.Tensor] = []
@@ -96,6 +103,12 @@ class StageBuilder:
                     for device in stage.stage.devices:
                         self.copies.handle_for(variable, device)
         graph_defs = graph_defs_lib.stage_graph_defs(self.graph, [st.ops for st in self.template.stages])
+        seeds = random.Random()  # for unseeded random ops of recomputed stages, like TF's own choice
+        for s, again in enumerate(self.recompute):
+            if again:
+                recompute_lib.check_repeatable(graph_defs[s], s)
+                graph_defs[s] = recompute_lib.with_fixed_seeds(graph_defs[s], seeds)
+        self._graph_defs = graph_defs
         micro_inputs = self._micro_batch_inputs()
         n = self.template.global_batch_size
         for m in range(self.num_micro_batches):
@@ -115,7 +128,7 @@ class StageBuilder:
                             graph_def, input_map=feed, return_elements=wanted, name=f"dapple/stage{s}/mb{m}/r{j}"
                         )
                     by_name = dict(zip(wanted, results))
-                    clone = _Clone(inputs=feed, outputs={t.name: by_name[t.name] for t in stage.outputs})
+                    clone = _Clone(inputs=feed, outputs={t.name: by_name[t.name] for t in stage.outputs}, salt=clone_id)
                     clone.extras = {t.name: by_name[t.name] for t in stage.extra_outputs}
                     if stage.loss is not None:
                         clone.loss = by_name[stage.loss.name]
@@ -171,14 +184,29 @@ class StageBuilder:
                     with self.task_ops.capture(Task(s, BACKWARD, m), j), tf.device(device):
                         self._backward_task(s, m, j, device)
 
+    def _recomputed(self, s: int, m: int, j: int) -> _Clone:
+        """The forward clone (s, m, j) imported again from its inputs, in the current task."""
+        stage, forward = self.template.stages[s], self.clones[(s, m, j)]
+        wanted = [t.name for t in stage.outputs] + ([stage.loss.name] if stage.loss is not None else [])
+        graph_def = graph_defs_lib.private_copy(self._graph_defs[s], f"_dapple_s{s}_m{m}_r{j}_rc", forward.salt)
+        feed, outputs = recompute_lib.recomputed_clone(
+            stage, graph_def, forward.inputs, wanted, name=f"dapple/stage{s}/mb{m}/r{j}/recompute"
+        )
+        loss = outputs.pop(stage.loss.name) if stage.loss is not None else None
+        return _Clone(inputs=feed, outputs=outputs, loss=loss, salt=forward.salt)
+
     def _backward_task(self, s: int, m: int, j: int, device: str) -> None:
         stage, clone = self.template.stages[s], self.clones[(s, m, j)]
+        output_grads = {name: self._gather_output_grad(s, m, j, name) for name in clone.outputs}
+        if not any(g is not None for g in output_grads.values()) and clone.loss is None:
+            return
+        if self.recompute[s]:
+            clone = self._recomputed(s, m, j)
         ys, grad_ys = [], []
         for name, out in clone.outputs.items():
-            grad = self._gather_output_grad(s, m, j, name)
-            if grad is not None:
+            if output_grads[name] is not None:
                 ys.append(out)
-                grad_ys.append(grad)
+                grad_ys.append(output_grads[name])
         if clone.loss is not None:
             ys.append(clone.loss)
             grad_ys.append(tf.constant(self._sizes[s][j] / self.template.global_batch_size, dtype=clone.loss.dtype))

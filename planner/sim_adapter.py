@@ -9,7 +9,9 @@ Cost terms, all from cost_model: forward/backward ms per micro-batch of the larg
 (the plan's stored values), activation/gradient transfer ms across each cut (split/concat between
 the two device sets, `transfer_ms`), full AllReduce ms and, with overlap, the part left after the
 last backward (`allreduce_tail_ms`), memory per device (`memory_bytes`: weights, gradients,
-optimizer state, plus one slice's stashed activations per in-flight micro-batch).
+optimizer state, plus one slice's stashed activations per in-flight micro-batch). A stage whose
+plan sets `recompute` keeps only its boundary inputs per in-flight micro-batch (`cut_bytes` into
+the stage) and runs its forward again before each backward (the simulator's R boxes).
 
 Two things the analytic formula does not have: the optimizer step (Adam reads parameters,
 gradients, m, v and writes parameters, m, v: 7 x parameter bytes at `optimizer_bandwidth`), and
@@ -107,6 +109,8 @@ def stage_costs(
             optimizer_ms=optimizer_ms,
             static_bytes=cm.memory_bytes(prefix, first, end, slice_samples, 0, optimizer_multiplier),
             activation_bytes=activation_multiplier * slice_samples * prefix.activation_per_sample(first, end),
+            recompute=st.recompute,
+            boundary_bytes=cm.cut_bytes(prefix, first, slice_samples),
         ))
     return costs
 
@@ -178,7 +182,7 @@ def pivot_internal_bubble_ms(plan: plan_pb2.Plan, result: SimulationResult) -> f
     q = plan.pivot_stage
     if q % 2 == 0:
         stage = q // 2
-        boxes = [e for e in result.events if e.stage == stage and e.kind in ("forward", "backward")]
+        boxes = [e for e in result.events if e.stage == stage and e.kind in ("forward", "recompute", "backward")]
     else:
         cut = q // 2
         boxes = [e for e in result.events

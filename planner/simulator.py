@@ -16,7 +16,11 @@ planner/sim_adapter.py with the planner's cost model) and a `Schedule`, and play
   max(0, allreduce_ms - backward_ms)) remains after the last backward;
 - memory per device = `static_bytes` (parameters, gradients, optimizer state) plus
   `activation_bytes` for every micro-batch in flight on its stage: allocated when F(s, m)
-  starts, freed when B(s, m) ends.
+  starts, freed when B(s, m) ends;
+- a stage with `recompute` (GPipe's re-computation) runs R(s, m), its forward again, on its lane
+  right before B(s, m), in the backward's slot (it needs no gradient, only the lane); it keeps
+  only `boundary_bytes` per micro-batch in flight, and one micro-batch's full activations while
+  a forward runs and from R(s, m) to the end of B(s, m).
 
     >>> from planner.schedule import build_schedule
     >>> r = simulate([StageCost(1.0, 2.0)] * 2, build_schedule(2, 4, "dapple"))
@@ -35,15 +39,17 @@ from planner.schedule import FORWARD, Schedule
 # Event kinds, in drawing order.
 KIND_FORWARD = "forward"
 KIND_BACKWARD = "backward"
+KIND_RECOMPUTE = "recompute"
 KIND_SEND_ACTIVATION = "send_activation"
 KIND_SEND_GRADIENT = "send_gradient"
 KIND_ALLREDUCE = "allreduce"
 KIND_OPTIMIZER = "optimizer"
-COMPUTE_KINDS = (KIND_FORWARD, KIND_BACKWARD, KIND_OPTIMIZER)
+COMPUTE_KINDS = (KIND_FORWARD, KIND_RECOMPUTE, KIND_BACKWARD, KIND_OPTIMIZER)
 COMM_KINDS = (KIND_SEND_ACTIVATION, KIND_SEND_GRADIENT)
 _LABEL = {
     KIND_FORWARD: "F",
     KIND_BACKWARD: "B",
+    KIND_RECOMPUTE: "R",
     KIND_SEND_ACTIVATION: "A",
     KIND_SEND_GRADIENT: "G",
 }
@@ -73,6 +79,8 @@ class StageCost:
     optimizer_ms: float = 0.0
     static_bytes: float = 0.0
     activation_bytes: float = 0.0
+    recompute: bool = False  # re-computation: R(s, m) before B(s, m), only boundary inputs kept
+    boundary_bytes: float = 0.0  # with recompute: what a micro-batch in flight keeps (its inputs)
 
     @property
     def overlapped_allreduce_tail_ms(self) -> float:
@@ -242,7 +250,7 @@ def _check_costs(stages: Sequence[StageCost]) -> None:
     for s, st in enumerate(stages):
         for name in ("forward_ms", "backward_ms", "forward_transfer_ms", "allreduce_ms",
                      "overlapped_allreduce_tail_ms", "optimizer_ms",
-                     "static_bytes", "activation_bytes"):
+                     "static_bytes", "activation_bytes", "boundary_bytes"):
             if getattr(st, name) < 0:
                 raise SimulationError(f"stage {s}: {name} must be >= 0, got {getattr(st, name)}")
         if st.gradient_transfer_ms < 0:
@@ -285,6 +293,8 @@ def simulate(
         lane = []
         for task in schedule.stage_tasks[s]:
             kind = KIND_FORWARD if task.kind == FORWARD else KIND_BACKWARD
+            if kind == KIND_BACKWARD and st.recompute:
+                lane.append(add(KIND_RECOMPUTE, s, task.micro_batch, f"stage{s}", st.forward_ms))
             lane.append(add(kind, s, task.micro_batch, f"stage{s}", st.forward_ms if task.kind == FORWARD
                             else st.backward_ms))
         lanes.append(lane)
@@ -392,11 +402,16 @@ def simulate(
 
 def _memory_timeline(st: StageCost, stage: int, events: Sequence[Event]) -> Tuple[Tuple[float, float], ...]:
     changes = []
+    kept = st.boundary_bytes if st.recompute else st.activation_bytes  # per micro-batch in flight
     for e in events:
         if e.stage != stage:
             continue
         if e.kind == KIND_FORWARD:
             changes.append((e.start_ms, 1, st.activation_bytes))
+            if st.recompute:  # only the boundary inputs outlive the forward
+                changes.append((e.end_ms, 0, kept - st.activation_bytes))
+        elif e.kind == KIND_RECOMPUTE:
+            changes.append((e.start_ms, 1, st.activation_bytes - kept))
         elif e.kind == KIND_BACKWARD:
             changes.append((e.end_ms, 0, -st.activation_bytes))
     points = [(0.0, st.static_bytes)]

@@ -14,6 +14,10 @@ plus 3 dropout masks) + 9 a s^2 bytes (attention scores, softmax, mask) per samp
 micro-batch stashes 3.5 GB per stage; the paper's Table 5 implies about 3 GB
 ((GPipe 12.1 GB - DAPPLE 10.6 GB) / (2 - 1.5) micro-batches on average).
 
+With --recompute=off,on the rows are repeated with re-computation on both stages (GPipe + RC,
+DAPPLE + RC): each stage keeps only its boundary input per micro-batch in flight and runs its
+forward again before each backward.
+
     python -m scripts.bench_schedule_memory [--micro_batches=2,3,5,8,16] [--activation_multiplier=1]
         [--png=docs/bert48_pipeline.png --png_micro_batches=8]
 """
@@ -30,9 +34,11 @@ from scripts.cli import run_main
 BERT_PROFILE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "profiles", "bert-48-pbs-2.txt")
 BERT_STASH_MULTIPLIER = (65 + 9 * 16 * 512 / 1024) / 4  # 34.25, see the module docstring
 GIB = float(1 << 30)
-# Paper Table 5 (no re-computation): (throughput samples/s, average peak memory GB), None = OOM.
+# Paper Table 5: (throughput samples/s, average peak memory GB), None = OOM.
 PAPER = {("gpipe", 2): (5.10, 12.1), ("gpipe", 3): None, ("dapple", 2): (5.10, 10.6),
-         ("dapple", 8): (7.60, 10.6), ("dapple", 16): (8.18, 10.6)}
+         ("dapple", 8): (7.60, 10.6), ("dapple", 16): (8.18, 10.6),
+         ("gpipe+RC", 2): (4.00, 9.9), ("gpipe+RC", 5): (5.53, 13.2), ("gpipe+RC", 8): None,
+         ("dapple+RC", 2): (4.24, 8.5), ("dapple+RC", 8): (6.23, 8.5), ("dapple+RC", 16): (6.77, 8.5)}
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("profile", None, "BERT-48 profile (default: ../shared/profiles/bert-48-pbs-2.txt).")
@@ -42,11 +48,13 @@ flags.DEFINE_float("activation_multiplier", BERT_STASH_MULTIPLIER,
 flags.DEFINE_integer("micro_batch_size", 2, "Samples per micro-batch.")
 flags.DEFINE_string("png", None, "Also draw GPipe vs DAPPLE (Gantt + memory) at --png_micro_batches here.")
 flags.DEFINE_integer("png_micro_batches", 8, "M of the drawing.")
+flags.DEFINE_list("recompute", ["off"], "Re-computation settings (off, on): rows for each.")
 
 
 def table5_rows(profile_path: str = BERT_PROFILE, micro_batches: Sequence[int] = (2, 3, 5, 8, 16),
-                activation_multiplier: float = BERT_STASH_MULTIPLIER, micro_batch_size: int = 2) -> List[Dict]:
-    """One row per (schedule, M): throughput, peak memory per device (bytes), OOM flag."""
+                activation_multiplier: float = BERT_STASH_MULTIPLIER, micro_batch_size: int = 2,
+                recompute: Sequence[bool] = (False,)) -> List[Dict]:
+    """One row per (RC, schedule, M): throughput, peak memory per device (bytes), OOM flag."""
     from planner import cost_model as cm
     from planner.cluster import preset_cluster
     from planner.plan_eval import Options, evaluate, to_plan
@@ -58,30 +66,34 @@ def table5_rows(profile_path: str = BERT_PROFILE, micro_batches: Sequence[int] =
     cut = encoder[len(encoder) // 2]  # first layer of stage 1
     stages = [(0, cut, (0,)), (cut, n, (1,))]
     rows = []
-    for kind in ("gpipe", "dapple"):
-        for m in micro_batches:
-            est = evaluate(model, prefix, cluster, stages, m * micro_batch_size, micro_batch_size, Options(),
-                           schedule=kind, policy="A")
-            plan = to_plan(est, model, cluster, m * micro_batch_size, kind)
-            r = simulate_plan(plan, model, schedule=kind, policy=None if kind == "gpipe" else "A",
-                              activation_multiplier=activation_multiplier)
-            peaks = [r.peak_memory_bytes[d] for d in r.devices]
-            rows.append({"schedule": kind, "M": m, "K": list(r.schedule.warmup), "throughput": r.throughput,
-                         "iteration_ms": r.iteration_ms, "peak_bytes": peaks,
-                         "average_peak_bytes": sum(peaks) / len(peaks), "oom": r.out_of_memory,
-                         "capacity_bytes": cluster.device_memory_bytes, "paper": PAPER.get((kind, m), "-"),
-                         "result": r})
+    for rc in recompute:
+        for kind in ("gpipe", "dapple"):
+            for m in micro_batches:
+                est = evaluate(model, prefix, cluster, stages, m * micro_batch_size, micro_batch_size, Options(),
+                               schedule=kind, policy="A")
+                plan = to_plan(est, model, cluster, m * micro_batch_size, kind)
+                for stage in plan.stages:
+                    stage.recompute = rc
+                r = simulate_plan(plan, model, schedule=kind, policy=None if kind == "gpipe" else "A",
+                                  activation_multiplier=activation_multiplier)
+                peaks = [r.peak_memory_bytes[d] for d in r.devices]
+                name = kind + ("+RC" if rc else "")
+                rows.append({"schedule": name, "recompute": rc, "M": m, "K": list(r.schedule.warmup),
+                             "throughput": r.throughput, "iteration_ms": r.iteration_ms, "peak_bytes": peaks,
+                             "average_peak_bytes": sum(peaks) / len(peaks), "oom": r.out_of_memory,
+                             "capacity_bytes": cluster.device_memory_bytes, "paper": PAPER.get((name, m), "-"),
+                             "result": r})
     return rows
 
 
 def format_table(rows: Sequence[Dict]) -> str:
-    lines = [f"{'schedule':8} {'M':>3} {'K':>9} {'samples/s':>9} {'peak GiB (dev0, dev1)':>22} "
+    lines = [f"{'schedule':9} {'M':>3} {'K':>9} {'samples/s':>9} {'peak GiB (dev0, dev1)':>22} "
              f"{'avg GiB':>7} {'fits':>5}  paper (samples/s, avg GB)"]
     for r in rows:
         peaks = ", ".join(f"{p / GIB:.1f}" for p in r["peak_bytes"])
         paper = r["paper"]
         paper_text = "OOM" if paper is None else ("-" if paper == "-" else f"{paper[0]:.2f}, {paper[1]:.1f}")
-        lines.append(f"{r['schedule']:8} {r['M']:3d} {str(r['K']):>9} {r['throughput']:9.2f} {peaks:>22} "
+        lines.append(f"{r['schedule']:9} {r['M']:3d} {str(r['K']):>9} {r['throughput']:9.2f} {peaks:>22} "
                      f"{r['average_peak_bytes'] / GIB:7.1f} {'OOM' if r['oom'] else 'yes':>5}  {paper_text}")
     if rows:
         lines.append(f"device memory usable: {rows[0]['capacity_bytes'] / GIB:.1f} GiB (16 GiB V100 less 1 GiB)")
@@ -90,8 +102,9 @@ def format_table(rows: Sequence[Dict]) -> str:
 
 def main(argv):
     del argv
+    recompute = [{"off": False, "on": True}[r] for r in FLAGS.recompute]
     rows = table5_rows(FLAGS.profile or BERT_PROFILE, [int(m) for m in FLAGS.micro_batches],
-                       FLAGS.activation_multiplier, FLAGS.micro_batch_size)
+                       FLAGS.activation_multiplier, FLAGS.micro_batch_size, recompute)
     print("BERT-48, 2 stages (24:24 encoder layers) on 2 devices of config B, micro-batch size "
           f"{FLAGS.micro_batch_size}, activation multiplier {FLAGS.activation_multiplier:.2f}")
     print(format_table(rows))

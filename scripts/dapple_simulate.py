@@ -28,6 +28,7 @@ flags.DEFINE_string("png", None, "Write a PNG Gantt chart (with memory over time
 flags.DEFINE_bool("overlap_allreduce", True, "Overlap each stage's AllReduce with its last backward.")
 flags.DEFINE_bool("duplex_links", False, "Let activations and gradients cross a cut at the same time.")
 flags.DEFINE_float("activation_multiplier", 1.0, "Scale the profile's activation bytes (stashed tensors).")
+flags.DEFINE_bool("recompute", None, "Re-computation on (or off) for every stage (default: the plan's choice).")
 
 
 def main(argv):
@@ -50,6 +51,9 @@ def main(argv):
             raise ValueError("--global_batch_size is required with --planner")
         cluster = load_cluster(FLAGS.cluster, FLAGS.num_servers)
         plan = api.plan(profile, cluster, FLAGS.global_batch_size, planner=FLAGS.planner)
+    if FLAGS.recompute is not None:
+        for stage in plan.stages:
+            stage.recompute = FLAGS.recompute
     result = simulate_plan(plan, profile, cluster, schedule=FLAGS.schedule, policy=FLAGS.policy,
                            overlap_allreduce=FLAGS.overlap_allreduce, duplex_links=FLAGS.duplex_links,
                            activation_multiplier=FLAGS.activation_multiplier)
