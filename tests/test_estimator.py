@@ -99,3 +99,36 @@ def test_missing_devices_name_the_fix(tmp_path):
                                        config=tf_estimator.RunConfig(model_dir=str(tmp_path)))
     with pytest.raises(dapple_tf.PlanError, match="set_logical_device_configuration"):
         estimator.train(_input_fn(), max_steps=1)
+
+
+def _model_with_summaries(features, labels):
+    loss = user_model.model_fn(features, labels)
+    tf.compat.v1.summary.scalar("input_mean", tf.reduce_mean(features))  # reads the inputs: dropped
+    tf.compat.v1.summary.scalar("decode_norm", tf.norm(tf.compat.v1.get_variable("decode_w")))
+    return loss
+
+
+def test_train_and_evaluate_with_hooks_and_summaries(tmp_path):
+    model_fn = dapple_estimator.model_fn(_model_with_summaries_reusing, _optimizer, PLAN)
+    config = tf_estimator.RunConfig(model_dir=str(tmp_path), session_config=SESSION_CONFIG, save_summary_steps=1,
+                                    save_checkpoints_steps=3)
+    estimator = tf_estimator.Estimator(model_fn=model_fn, config=config)
+    logged = []
+    hooks = [tf.compat.v1.train.StopAtStepHook(num_steps=3),
+             tf.compat.v1.train.LoggingTensorHook({"loss": "dapple_loss:0"}, every_n_iter=1,
+                                                  formatter=lambda values: logged.append(values["loss"]) or "")]
+    tf_estimator.train_and_evaluate(estimator, tf_estimator.TrainSpec(_input_fn(), max_steps=10, hooks=hooks),
+                                    tf_estimator.EvalSpec(_input_fn(), steps=2, throttle_secs=0))
+    assert len(logged) == 3 and np.all(np.isfinite(logged)) and logged[-1] < logged[0]  # one line per step
+    assert estimator.get_variable_value("global_step") == 3  # StopAtStepHook stopped it before max_steps
+    tags = set()
+    for path in tf.io.gfile.glob(str(tmp_path / "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            tags |= {v.tag for v in event.summary.value}
+    assert {"loss", "decode_norm"} <= tags and "input_mean" not in tags
+    assert tf.io.gfile.glob(str(tmp_path / "eval" / "events.out.tfevents.*"))
+
+
+def _model_with_summaries_reusing(features, labels):
+    with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=tf.compat.v1.AUTO_REUSE):
+        return _model_with_summaries(features, labels)
