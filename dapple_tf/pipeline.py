@@ -81,13 +81,15 @@ class _LayerPlacer:
         return stages[self._stage].devices[0]
 
 
-def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None):
+def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None,
+                   cross_process_reduce=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, with layers marked by dapple_tf.layer; features
     and labels are the global batch (tensors or nests of tensors, leading dimension = batch);
     optimizer a tf.compat.v1.train.Optimizer; plan a dapple_tf.Plan, a plan proto or a plan file;
-    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple").
+    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple");
+    cross_process_reduce: see gradients.reduce_and_pair (dapple_tf.horovod passes it).
     Returns a PipelineHandle.
     """
     plan = _as_plan(plan)
@@ -97,6 +99,11 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise DappleError(
             f"optimizer must be a tf.compat.v1.train.Optimizer (graph mode), got {type(optimizer).__name__}"
+        )
+    if type(optimizer).__module__.startswith("horovod."):
+        raise DappleError(
+            "hvd.DistributedOptimizer cannot be given to build_pipeline (it all-reduces in compute_gradients, which "
+            "the pipeline never calls): pass the plain optimizer and use dapple_tf.horovod.build_pipeline"
         )
     plan = plan.with_devices(canonical_device)  # one spelling per device: duplicates are caught
     _check_devices(plan.devices)
@@ -141,7 +148,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     with tf.device(stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
 
-    grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys)
+    grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys, cross_process_reduce)
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
     train_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
