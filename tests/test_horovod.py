@@ -13,7 +13,7 @@ import tensorflow as tf
 import dapple_tf
 from planner import cluster as clusters, horovod_plan
 from planner.schemas import plan_pb2, write_message
-from tests import user_model
+from tests import horovod_model, user_model
 from tests.pipeline_harness import SESSION_CONFIG, cpu
 from tests.programs import ROOT, run_program
 from tests.shared_profiles import PROFILES, requires_profiles
@@ -37,17 +37,18 @@ def _plan_file(path, num_processes):
 
 
 def _train_args(plan, model_dir):
-    return ["--backend=horovod", f"--plan={plan}", "--num_devices=3", "--model_fn=tests.user_model:model_fn",
-            "--input_fn=tests.user_model:input_fn", f"--steps={STEPS}", f"--model_dir={model_dir}",
+    return ["--backend=horovod", f"--plan={plan}", "--num_devices=3", "--model_fn=tests.horovod_model:model_fn",
+            "--input_fn=tests.horovod_model:input_fn", f"--steps={STEPS}", f"--model_dir={model_dir}",
             "--optimizer=momentum", "--learning_rate=0.05", "--summary_every=0", "--log_every=1", "--seed=0"]
 
 
 def _single_device_weights():
-    """dapple_train's model trained on one device on the global batch: same seed, data and optimizer."""
+    """dapple_train's model trained on one device on the global batch: same seed, data and optimizer, rank 0's
+    initial weights (tests.horovod_model's differ per rank: the processes match only after the broadcast)."""
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(0)
         step = tf.compat.v1.placeholder(tf.int64, [])
-        loss = user_model.model_fn(*user_model.input_fn(step, GLOBAL_BATCH))
+        loss = horovod_model.model_fn(*horovod_model.input_fn(step, GLOBAL_BATCH))
         train_op = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9).minimize(loss)
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
