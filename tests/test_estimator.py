@@ -132,3 +132,19 @@ def test_train_and_evaluate_with_hooks_and_summaries(tmp_path):
 def _model_with_summaries_reusing(features, labels):
     with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=tf.compat.v1.AUTO_REUSE):
         return _model_with_summaries(features, labels)
+
+
+def _model_with_a_table(features, labels):
+    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer([0, 1], [0.5, 2.0]), default_value=1.0)
+    with dapple_tf.layer("encode"):
+        h = tf.nn.relu(tf.matmul(features, tf.compat.v1.get_variable("encode_w", [6, 16])))
+    with dapple_tf.layer("decode"):
+        prediction = tf.matmul(h, tf.compat.v1.get_variable("decode_w", [16, 1]))[:, 0] * table.lookup(tf.constant(1))
+        return tf.reduce_mean(tf.square(prediction - labels))
+
+
+def test_lookup_tables_are_initialized_in_pipelined_training(tmp_path):
+    model_fn = dapple_estimator.model_fn(_model_with_a_table, _optimizer, PLAN)
+    config = tf_estimator.RunConfig(model_dir=str(tmp_path), session_config=SESSION_CONFIG)
+    tf_estimator.Estimator(model_fn=model_fn, config=config).train(_input_fn(), max_steps=1)  # no "Table not initialized"
+    assert tf.train.load_checkpoint(str(tmp_path)).get_tensor("global_step") == 1
