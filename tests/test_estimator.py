@@ -128,6 +128,20 @@ def test_train_and_evaluate_with_hooks_and_summaries(tmp_path):
     assert {"loss", "decode_norm"} <= tags and "input_mean" not in tags
     assert tf.io.gfile.glob(str(tmp_path / "eval" / "events.out.tfevents.*"))
 
+    predicting = tf_estimator.Estimator(dapple_estimator.model_fn(user_model.model_fn, _optimizer, PLAN,
+                                                                  predict_fn=_predict), config=config)
+    predictions = np.array(list(predicting.predict(lambda: tf.data.Dataset.from_tensor_slices(DATA_X).batch(3))))
+    weights = _weights(tmp_path)
+    expected = np.maximum(DATA_X @ weights["encode_w"], 0) @ weights["decode_w"]
+    np.testing.assert_allclose(predictions, expected[:, 0], rtol=1e-5, atol=1e-6)  # single-device graph, any batch
+
+
+def _predict(features):
+    with dapple_tf.layer("encode"):
+        h = tf.nn.relu(tf.matmul(features, tf.compat.v1.get_variable("encode_w", [6, 16])))
+    with dapple_tf.layer("decode"):
+        return tf.matmul(h, tf.compat.v1.get_variable("decode_w", [16, 1]))[:, 0]
+
 
 def _model_with_summaries_reusing(features, labels):
     with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=tf.compat.v1.AUTO_REUSE):
