@@ -6,7 +6,7 @@ once, and cut back into shapes.
 """
 
 import zlib
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
@@ -37,16 +37,20 @@ def _hint(devices: Sequence[str]) -> str:
 
 
 def all_reduce_sum(
-    grads_per_device: Dict[str, List[tf.Tensor]], keys: CollectiveKeys, after: Dict[str, tf.Tensor] = None
+    grads_per_device: Dict[str, List[tf.Tensor]], keys: CollectiveKeys, after: Dict[str, tf.Tensor] = None,
+    cross_process_reduce: Optional[Callable[[tf.Tensor], tf.Tensor]] = None,
 ) -> Dict[str, List[tf.Tensor]]:
     """Sums, element-wise across devices, lists of same-shaped tensors; one collective per call.
 
     `grads_per_device[d][i]` lives on device d; every device gets the list of sums. On device d
     the collective starts after `after[d]` (if given), so every device launches collectives in
-    the same order.
+    the same order. `cross_process_reduce`, if given, is applied once to the summed buffer (on the
+    first device) and its result is what every device gets (hierarchical: in-process, then across).
     """
     after = after or {}
     devices = sorted(grads_per_device)
+    if cross_process_reduce is not None:
+        return _reduce_across_processes(grads_per_device, keys, after, cross_process_reduce)
     if len(devices) == 1:
         return dict(grads_per_device)
     group_key, instance_key = keys.group_key(devices), keys.instance_key()
@@ -60,4 +64,24 @@ def all_reduce_sum(
                 flat, len(devices), group_key, instance_key, "Add", "Id", communication_hint=_hint(devices)
             )
             result[device] = [tf.reshape(p, s) for p, s in zip(tf.split(summed, sizes), shapes)]
+    return result
+
+
+def _reduce_across_processes(grads_per_device, keys, after, cross_process_reduce):
+    devices = sorted(grads_per_device)
+    first = devices[0]
+    if len(devices) > 1:
+        in_process = all_reduce_sum(grads_per_device, keys, after)
+    else:
+        in_process = dict(grads_per_device)
+    shapes = [g.shape for g in in_process[first]]
+    with tf.device(first):
+        flat = tf.concat([tf.reshape(g, [-1]) for g in in_process[first]], axis=0)
+        total = cross_process_reduce(flat)
+    result = {}
+    for device in devices:
+        # Every device's collective must run even though only the first one's sum is read.
+        with tf.device(device), tf.control_dependencies([in_process[device][0]]):
+            parts = tf.split(tf.identity(total), [s.num_elements() for s in shapes])
+            result[device] = [tf.reshape(p, s) for p, s in zip(parts, shapes)]
     return result

@@ -64,8 +64,12 @@ def _identity_after(grad, deps):
         return tf.identity(grad)
 
 
-def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys):
-    """AllReduce per (device set, dtype); returns (grads_and_vars, (grad, copy) pairs to apply)."""
+def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys,
+                    cross_process_reduce=None):
+    """AllReduce per (device set, dtype); returns (grads_and_vars, (grad, copy) pairs to apply).
+
+    cross_process_reduce(buffer) -> buffer, if given, reduces each group's packed in-process sum
+    once across processes (dapple_tf.horovod), weighted by the process's share of the batch."""
     devices_of = accumulator.devices_of()
     groups: Dict[Tuple[Tuple[str, ...], tf.DType], List[tf.Variable]] = {}
     for variable, devices in devices_of.items():
@@ -81,7 +85,7 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
             d: [accumulator.sums[(v, d)] for v in group] + [accumulator.row_counts[(v, d)] for v in sparse]
             for d in devices
         }
-        sums = collectives.all_reduce_sum(per_device, keys, after=last_collective)
+        sums = collectives.all_reduce_sum(per_device, keys, after=last_collective, cross_process_reduce=cross_process_reduce)
         everyone = [t for d in devices for t in sums[d]]
         for d in devices:
             if len(devices) > 1:

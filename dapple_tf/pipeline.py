@@ -87,7 +87,7 @@ class _LayerPlacer:
 
 
 def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, layers=None,
-                   recompute=None):
+                   recompute=None, cross_process_reduce=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
@@ -98,6 +98,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     layers: None (dapple_tf.layer markers) or dapple_tf.layers_by_scope(...) (the model's name scopes).
     recompute (re-computation, recompute.py) True, False or a list of stage indices (default: the
     plan file's choice, else none).
+    cross_process_reduce: see gradients.reduce_and_pair (dapple_tf.horovod passes it).
     Returns a PipelineHandle.
     """
     require_graph_mode("build_pipeline")
@@ -108,6 +109,11 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise DappleError(
             f"optimizer must be a tf.compat.v1.train.Optimizer (graph mode), got {type(optimizer).__name__}"
+        )
+    if type(optimizer).__module__.startswith("horovod."):
+        raise DappleError(
+            "hvd.DistributedOptimizer cannot be given to build_pipeline (it all-reduces in compute_gradients, which "
+            "the pipeline never calls): pass the plain optimizer and use dapple_tf.horovod.build_pipeline"
         )
     plan = plan.with_devices(canonical_device)  # one spelling per device: duplicates are caught
     _check_devices(plan.devices)
@@ -162,7 +168,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     with tf.device(stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
 
-    grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys)
+    grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys, cross_process_reduce)
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
     with tf.control_dependencies([copies.stale_copy_check()]):

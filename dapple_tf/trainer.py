@@ -68,13 +68,14 @@ class Trainer:
                  hooks: Sequence[tf.compat.v1.train.SessionRunHook] = (), *, schedule: Optional[str] = None,
                  eval_input_fn: Optional[Callable] = None, cluster: Optional[TFCluster] = None,
                  options: Optional[TrainerOptions] = None, config: Optional[tf.compat.v1.ConfigProto] = None,
-                 log=None):
+                 log=None, horovod=None):
         self.model_fn, self.input_fn, self.plan = model_fn, input_fn, plan
         self.optimizer = optimizer
         self.model_dir, self.hooks, self.schedule = model_dir, list(hooks), schedule
         self.eval_input_fn, self.cluster = eval_input_fn, cluster
         self.options = options or TrainerOptions()
         self.config = config
+        self.horovod = horovod  # a dapple_tf.horovod.HorovodPipeline: input_fn gives this process's slice
         self.log = log or (lambda text: print(text, flush=True))
         if self.options.eval_every and eval_input_fn is None:
             raise DappleError("eval_every needs an eval_input_fn (held-out data)")
@@ -100,8 +101,12 @@ class Trainer:
                 tf.compat.v1.set_random_seed(self.options.seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             features, labels = self.input_fn(global_step.read_value())
-            handle = build_pipeline(self.model_fn, features, labels, self._optimizer(), self.plan,
-                                    schedule=self.schedule, global_step=global_step)
+            if self.horovod is not None:
+                handle = self.horovod.build(self.model_fn, features, labels, self._optimizer(),
+                                            schedule=self.schedule, global_step=global_step)
+            else:
+                handle = build_pipeline(self.model_fn, features, labels, self._optimizer(), self.plan,
+                                        schedule=self.schedule, global_step=global_step)
             eval_loss = self._eval_loss(graph, global_step) if self.eval_input_fn else None
             batch = _batch_size(features)
             saver = tf.compat.v1.train.Saver(max_to_keep=self.options.keep_checkpoints)
@@ -109,6 +114,8 @@ class Trainer:
             progress = _ProgressHook(handle.loss, global_step, batch, steps, self.model_dir, self.options,
                                      eval_loss, self.log)
             hooks = [tf.compat.v1.train.StopAtStepHook(last_step=steps), progress] + self.hooks
+            if self.horovod is not None:
+                hooks.insert(0, self.horovod.broadcast_hook(handle))  # before any hook reads a variable
             if self.model_dir and (self.options.save_checkpoints_steps or self.options.save_checkpoints_secs):
                 hooks.append(tf.compat.v1.train.CheckpointSaverHook(
                     self.model_dir, save_steps=self.options.save_checkpoints_steps or None,

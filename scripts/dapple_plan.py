@@ -18,6 +18,9 @@ flags.DEFINE_integer("num_devices", None, "Virtual CPU devices for --cluster=loc
 flags.DEFINE_string("planner", "dapple", "dapple | dp | dp_overlap | straight | gpipe | pipedream | all")
 flags.DEFINE_string("output", None, "Where to write the plan (.pb/.pbtxt/.json).")
 flags.DEFINE_float("optimizer_multiplier", 2.0, "Extra copies of the weights the optimizer keeps (Adam: 2).")
+flags.DEFINE_enum("backend", "tf", ["tf", "horovod"], "horovod: plan one server (--cluster) at the per-process "
+                  "batch for --num_processes horovodrun processes (dapple_train --backend=horovod).")
+flags.DEFINE_integer("num_processes", 1, "With --backend=horovod: the horovodrun processes (-np).")
 flags.DEFINE_integer("max_stages", None, "Most pipeline stages to consider.")
 flags.DEFINE_list("micro_batch_sizes", None, "Micro-batch sizes to consider (default: divisors of the global batch, M <= 64).")
 
@@ -42,7 +45,16 @@ def main(argv):
             options["micro_batch_sizes"] = [int(x) for x in FLAGS.micro_batch_sizes]
         except ValueError:
             raise ValueError(f"--micro_batch_sizes must be integers, got {FLAGS.micro_batch_sizes}") from None
-    plans = plan_all(profile, cluster, FLAGS.global_batch_size, planner=FLAGS.planner, **options)
+    batch_size = FLAGS.global_batch_size
+    if FLAGS.backend == "horovod":
+        if FLAGS.num_processes < 1 or batch_size % FLAGS.num_processes:
+            raise ValueError(f"--global_batch_size={batch_size} must be a multiple of --num_processes={FLAGS.num_processes}")
+        batch_size //= FLAGS.num_processes
+    plans = plan_all(profile, cluster, batch_size, planner=FLAGS.planner, **options)
+    if FLAGS.backend == "horovod":
+        from planner.horovod_plan import per_process_plan
+
+        plans = {k: p if isinstance(p, str) else per_process_plan(p, FLAGS.num_processes) for k, p in plans.items()}
     if FLAGS.planner == "all":
         print(comparison_table(plans))
         print()

@@ -10,6 +10,12 @@ Examples:
   dapple_train --model=bert --model_flags=num_layers=4 --plan=plan.json --steps=1000 --model_dir=m
   dapple_train --model_fn=my.module:model_fn --input_fn=my.module:input_fn --global_batch_size=64 --steps=10
   dapple_launch --cluster=local:3x2 -- dapple_train --model=mlp --global_batch_size=24 --steps=6 --model_dir=m
+  horovodrun -np 2 --gloo dapple_train --backend=horovod --plan=hvd_plan.json --num_devices=3 --model=mlp --steps=6
+
+With --backend=horovod (under horovodrun) every process trains the --plan (from `dapple_plan
+--backend=horovod --num_processes=P`: one server's plan at the per-process batch) on its own
+--num_devices virtual CPUs, on its slice of the global batch; gradients are averaged across processes
+by Horovod, rank 0 writes checkpoints and logs.
 
 A user's --model_fn(features, labels) returns the loss (layers marked with dapple_tf.layer);
 --input_fn(step, batch_size) returns (features, labels) tensors of the global batch for `step` (an
@@ -36,7 +42,9 @@ flags.DEFINE_string("profile", None, "Profile file to plan from (default: profil
 flags.DEFINE_string("cluster", None, "Cluster to plan for (dapple_plan's --cluster; default: the devices this "
                     "runs on: --num_devices virtual CPUs, or the launched cluster's tasks).")
 flags.DEFINE_integer("num_devices", 4, "Virtual CPU devices when running in one process (no TF_CONFIG).")
-flags.DEFINE_integer("global_batch_size", None, "Samples per step (default: the plan file's).")
+flags.DEFINE_integer("global_batch_size", None, "Samples per step, all processes together (default: the plan file's).")
+flags.DEFINE_enum("backend", "tf", ["tf", "horovod"], "tf: this process or a TF cluster (TF_CONFIG); horovod: one "
+                  "process of horovodrun, with a --plan from dapple_plan --backend=horovod.")
 flags.DEFINE_enum("schedule", None, ["dapple", "gpipe"], "Pipeline schedule (default: the plan's, else dapple).")
 flags.DEFINE_integer("steps", 100, "Train until the global step reaches this (a resumed run continues to it).")
 flags.DEFINE_string("model_dir", None, "Checkpoints and TensorBoard summaries; resumes from its latest checkpoint.")
@@ -171,8 +179,10 @@ def main(argv):
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
-    cluster, devices, config = None, None, None
-    if os.environ.get("TF_CONFIG"):
+    cluster, devices, config, horovod = None, None, None, None
+    if FLAGS.backend == "horovod":
+        horovod = horovod_pipeline()
+    if os.environ.get("TF_CONFIG") and not horovod:
         from dapple_tf.cluster import TFCluster, cluster_devices, wait_for_workers
 
         cluster = TFCluster.from_tf_config()
@@ -193,27 +203,52 @@ def main(argv):
 
     batch_size = FLAGS.global_batch_size
     if not batch_size and FLAGS.plan:
-        batch_size = dapple_tf.Plan.from_file(FLAGS.plan).global_batch_size
+        batch_size = dapple_tf.Plan.from_file(FLAGS.plan).global_batch_size * (horovod.size if horovod else 1)
     if not batch_size:
         raise ValueError("--global_batch_size is required (the plan file does not say it)")
     model_fn, input_fn, eval_input_fn, name = model_and_inputs(batch_size)
-    plan = make_plan(model_fn, input_fn, name, devices, batch_size)
+    if horovod:
+        plan, global_input_fn = horovod.plan, input_fn
+        input_fn = lambda step: horovod.local_slice(global_input_fn(step))  # noqa: E731
+    else:
+        plan = make_plan(model_fn, input_fn, name, devices, batch_size)
     options = TrainerOptions(
         save_checkpoints_steps=FLAGS.save_checkpoints_steps, save_checkpoints_secs=FLAGS.save_checkpoints_secs,
         keep_checkpoints=FLAGS.keep_checkpoints, log_every=FLAGS.log_every, summary_every=FLAGS.summary_every,
         eval_every=FLAGS.eval_every if eval_input_fn else 0, failure_timeout_s=FLAGS.failure_timeout,
         worker_wait_s=FLAGS.worker_wait_timeout, seed=FLAGS.seed)
-    trainer = Trainer(model_fn, input_fn, optimizer, plan, FLAGS.model_dir, schedule=FLAGS.schedule,
-                      eval_input_fn=eval_input_fn, cluster=cluster, options=options, config=config)
+    lead = not horovod or horovod.rank == 0  # under Horovod, rank 0 checkpoints and logs
+    trainer = Trainer(model_fn, input_fn, optimizer, plan, FLAGS.model_dir if lead else None, schedule=FLAGS.schedule,
+                      eval_input_fn=eval_input_fn, cluster=cluster, options=options, config=config,
+                      horovod=horovod, log=None if lead else (lambda text: None))
     where = f"{len(cluster.workers)} worker tasks" if cluster else f"{FLAGS.num_devices} virtual CPU devices"
+    if horovod:
+        where = f"{horovod.size} Horovod processes x {where}"
     print(f"training {name}: {len(plan.stages)} stages "
           f"({':'.join(str(len(s.devices)) for s in plan.stages)} devices), M={plan.num_micro_batches}, "
           f"global batch {batch_size}, on {where}", flush=True)
     result = trainer.train(FLAGS.steps)
+    if not lead:
+        return 0
     print(f"done: step {result.step}, loss {result.loss:.6f}"
           + (f", resumed from step {result.first_step}" if result.first_step else "")
           + (f"; checkpoints in {FLAGS.model_dir}" if FLAGS.model_dir else ""), flush=True)
     return 0
+
+
+def horovod_pipeline():
+    """hvd.init() and the --plan checked against horovodrun's process count (a HorovodPipeline)."""
+    if not FLAGS.plan:
+        raise ValueError("--backend=horovod needs a --plan from dapple_plan --backend=horovod --num_processes=P "
+                         "(every process must build the same graph)")
+    if os.environ.get("TF_CONFIG"):
+        raise ValueError("--backend=horovod runs under horovodrun, not on a TF_CONFIG cluster")
+    import horovod.tensorflow as hvd
+
+    from dapple_tf.horovod import HorovodPipeline
+
+    hvd.init()
+    return HorovodPipeline(FLAGS.plan)
 
 
 def run():
