@@ -162,3 +162,24 @@ def test_lookup_tables_are_initialized_in_pipelined_training(tmp_path):
     config = tf_estimator.RunConfig(model_dir=str(tmp_path), session_config=SESSION_CONFIG)
     tf_estimator.Estimator(model_fn=model_fn, config=config).train(_input_fn(), max_steps=1)  # no "Table not initialized"
     assert tf.train.load_checkpoint(str(tmp_path)).get_tensor("global_step") == 1
+
+
+def _model_with_moving_mean(features, labels):
+    with dapple_tf.layer("encode"):
+        mean = tf.reduce_mean(features, axis=0)  # batch-norm style: normalize by the batch statistic
+        moving = tf.compat.v1.get_variable("moving_mean", initializer=tf.zeros([6]), trainable=False)
+        update = moving.assign_sub((moving - mean) * 0.1)
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, update)
+        h = tf.nn.relu(tf.matmul(features - mean, tf.compat.v1.get_variable("encode_w", [6, 16])))
+    with dapple_tf.layer("decode"):
+        return tf.reduce_mean(tf.square(tf.matmul(h, tf.compat.v1.get_variable("decode_w", [16, 1]))[:, 0] - labels))
+
+
+def test_update_ops_run_once_per_step(tmp_path):
+    model_fn = dapple_estimator.model_fn(_model_with_moving_mean, _optimizer, PLAN)
+    config = tf_estimator.RunConfig(model_dir=str(tmp_path), session_config=SESSION_CONFIG)
+    tf_estimator.Estimator(model_fn=model_fn, config=config).train(_input_fn(), max_steps=2)
+    expected = np.zeros(6, np.float32)
+    for _ in range(2):  # the mean over the 4 equal slices of their means is the batch mean
+        expected -= (expected - DATA_X.mean(axis=0)) * 0.1
+    np.testing.assert_allclose(tf.train.load_checkpoint(str(tmp_path)).get_tensor("moving_mean"), expected, rtol=1e-5)
