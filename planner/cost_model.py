@@ -61,12 +61,12 @@ class Prefix:
         self.fwd = [0.0] * (n + 1)
         self.bwd = [0.0] * (n + 1)
         self.params = [0.0] * (n + 1)
-        self.act = [0.0] * (n + 1)
+        self.kept = [0.0] * (n + 1)
         for i in range(n):
             self.fwd[i + 1] = self.fwd[i] + model.forward_ms[i]
             self.bwd[i + 1] = self.bwd[i] + model.backward_ms[i]
             self.params[i + 1] = self.params[i] + model.parameter_bytes[i]
-            self.act[i + 1] = self.act[i] + model.activation_bytes[i]
+            self.kept[i + 1] = self.kept[i] + model.kept_bytes[i]
         # cut[c] = per-sample bytes crossing the boundary before layer c
         diff = [0.0] * (n + 2)
         for i in range(n):
@@ -88,8 +88,9 @@ class Prefix:
     def parameter_bytes(self, first: int, end: int) -> float:
         return self.params[end] - self.params[first]
 
-    def activation_per_sample(self, first: int, end: int) -> float:
-        return self.act[end] - self.act[first]
+    def kept_per_sample(self, first: int, end: int) -> float:
+        """Bytes layers [first, end) keep for their backward, per sample (planner/memory_model.py)."""
+        return self.kept[end] - self.kept[first]
 
 
 def slice_sizes(samples: int, replicas: int) -> List[int]:
@@ -219,10 +220,10 @@ def allreduce_tail_ms(model: ModelProfile, first: int, end: int, slice_samples: 
 def memory_bytes(prefix: Prefix, first: int, end: int, slice_samples: int, in_flight: int,
                  optimizer_multiplier: float = DEFAULT_OPTIMIZER_MULTIPLIER, extra_bytes: float = 0.0) -> float:
     """Peak memory of one device of a stage: weights, gradients and optimizer state
-    ((2 + optimizer_multiplier) x parameters) plus the stashed activations of `in_flight`
-    micro-batch slices (every layer's outputs, per sample x slice)."""
+    ((2 + optimizer_multiplier) x parameters) plus what the stage keeps for backward for each of
+    its `in_flight` micro-batch slices (kept bytes per sample x slice, planner/memory_model.py)."""
     params = prefix.parameter_bytes(first, end)
-    return params * (2.0 + optimizer_multiplier) + in_flight * slice_samples * prefix.activation_per_sample(first, end) + extra_bytes
+    return params * (2.0 + optimizer_multiplier) + in_flight * slice_samples * prefix.kept_per_sample(first, end) + extra_bytes
 
 
 def pivot_stage(forward: Sequence[float], backward: Sequence[float], num_micro_batches: int) -> int:

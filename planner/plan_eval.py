@@ -20,13 +20,19 @@ class Options:
     """Knobs shared by all planners."""
 
     optimizer_multiplier: float = cm.DEFAULT_OPTIMIZER_MULTIPLIER
-    overlap: bool = True                 # backward/AllReduce overlap on the last micro-batch
+    # Backward/AllReduce overlap on the last micro-batch. Off: the runtime all-reduces a stage's
+    # packed gradients after its last backward (tests/test_planner_overlap.py); dp_overlap turns it on.
+    overlap: bool = False
     overhead_ms: float = cm.PASS_OVERHEAD_MS
     max_stages: Optional[int] = None
     micro_batch_sizes: Optional[Sequence[int]] = None
     max_in_flight: Optional[int] = None  # D; defaults to M
     policy: Optional[str] = None         # force "A" or "B"; default: by ACR
     link_contention: bool = False        # transfers share device ports / server NICs (cost_model docstring)
+    # One training step's memory at the profile batch size (bytes, or a size such as "11.4GB"), for
+    # profiles without a measured one (planner/memory_model.py); None: the profile's own, if any.
+    profile_memory: Optional[object] = None
+    select: str = "latency"              # dapple: "latency" (formula 2, the paper) or "simulation"
 
 
 @dataclasses.dataclass
