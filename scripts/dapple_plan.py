@@ -2,8 +2,13 @@
 
 Example:
   dapple_plan --profile=../shared/profiles/vgg-19-pbs-32.txt --global_batch_size=2048
-      --cluster=paper_c --output=plan.json
+      --cluster=paper_c --profile_memory=5.6GB --output=plan.json
+
+Warnings (on stderr): memory figures that are only a lower bound (no memory input), and a chosen
+plan whose simulated time differs from formula 2's L by more than 5%.
 """
+
+import warnings
 
 from absl import flags
 
@@ -19,12 +24,19 @@ flags.DEFINE_string("planner", "dapple", "dapple | dp | dp_overlap | straight | 
 flags.DEFINE_string("output", None, "Where to write the plan (.pb/.pbtxt/.json).")
 flags.DEFINE_float("optimizer_multiplier", 2.0, "Extra copies of the weights the optimizer keeps (Adam: 2).")
 flags.DEFINE_integer("max_stages", None, "Most pipeline stages to consider.")
-flags.DEFINE_list("micro_batch_sizes", None, "Micro-batch sizes to consider (default: divisors of the global batch, M <= 64).")
+flags.DEFINE_list("micro_batch_sizes", None, "Micro-batch sizes to consider (default: every divisor of the global batch).")
+flags.DEFINE_string("profile_memory", None,
+                    "Memory of one training step at the profile batch size, e.g. 11.4GB (the paper's Table 1); "
+                    "default: the profile's measured step peak, or a `<profile>.memory` file next to it.")
+flags.DEFINE_enum("select", "latency", ["latency", "simulation"],
+                  "latency: the paper's objective L (formula 2); simulation: the best simulated of each "
+                  "micro-batch size's 8 best plans by L.")
 
 
 def main(argv):
     del argv
     from planner.api import plan_all
+    from planner.memory_model import side_file_memory
     from planner.cluster import load_cluster
     from planner.profile import load_profile
     from planner.report import comparison_table, summarize
@@ -36,13 +48,17 @@ def main(argv):
         raise ValueError("--global_batch_size is required")
     profile = load_profile(FLAGS.profile)
     cluster = load_cluster(FLAGS.cluster, num_servers=FLAGS.num_servers, num_devices=FLAGS.num_devices)
-    options = {"optimizer_multiplier": FLAGS.optimizer_multiplier, "max_stages": FLAGS.max_stages}
+    options = {"optimizer_multiplier": FLAGS.optimizer_multiplier, "max_stages": FLAGS.max_stages,
+               "select": FLAGS.select, "profile_memory": FLAGS.profile_memory or side_file_memory(FLAGS.profile)}
     if FLAGS.micro_batch_sizes:
         try:
             options["micro_batch_sizes"] = [int(x) for x in FLAGS.micro_batch_sizes]
         except ValueError:
             raise ValueError(f"--micro_batch_sizes must be integers, got {FLAGS.micro_batch_sizes}") from None
-    plans = plan_all(profile, cluster, FLAGS.global_batch_size, planner=FLAGS.planner, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.formatwarning = lambda message, category, *_: f"warning: {message}\n"
+        plans = plan_all(profile, cluster, FLAGS.global_batch_size, planner=FLAGS.planner, **options)
     if FLAGS.planner == "all":
         print(comparison_table(plans))
         print()
