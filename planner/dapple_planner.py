@@ -216,6 +216,8 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
     if total > LARGE_CLUSTER_DEVICES:
         cuts = coarsen_cuts(prefix, cuts, max_cuts or LARGE_MAX_CUTS)
         policies = [p for p in policies if p == "append"] or list(policies)[:1]
+    if not straight and mbs * min(len(cuts) + 1, options.max_stages or n) < total - sum(start_used or ()):
+        return None  # every plan uses every device, at most mbs per stage: too few stages possible
     reps = list(replications) if replications is not None else replication_candidates(total, per_server)
     reps = [r for r in reps if r <= mbs]
     max_stages = options.max_stages or n

@@ -21,7 +21,7 @@ class Options:
 
     optimizer_multiplier: float = cm.DEFAULT_OPTIMIZER_MULTIPLIER
     # Backward/AllReduce overlap on the last micro-batch. Off: the runtime all-reduces a stage's
-    # packed gradients after its last backward (tests/test_planner_overlap.py); dp_overlap turns it on.
+    # packed gradients after its last backward (dapple_tf/collectives.py); dp_overlap turns it on.
     overlap: bool = False
     overhead_ms: float = cm.PASS_OVERHEAD_MS
     max_stages: Optional[int] = None

@@ -17,7 +17,7 @@ internal bubbles of the pivot stage. Links default to one transfer at a time in 
 (`duplex_links=False`), as the paper's formula treats each cut as one communication stage.
 AllReduce does not overlap the last backward by default (`overlap_allreduce=False`): the runtime
 reduces a stage's gradients as one packed buffer after its last backward (dapple_tf/collectives.py,
-measured in tests/test_planner_overlap.py).
+read in its graph: the collective consumes the concatenation of all the stage's gradients).
 `activation_multiplier` scales stashed activations for models whose profile records only layer
 outputs (see scripts/bench_schedule_memory.py); 1.0 is what the planner assumes.
 """
