@@ -275,7 +275,7 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
         v = fits_cache.get(key)
         if v is None:
             sl = -(-mbs // r)
-            v = fits_cache[key] = cm.memory_bytes(prefix, first, end, sl, k, opt) <= mem_cap
+            v = fits_cache[key] = cm.memory_bytes(prefix, first, end, sl, k, opt, num_micro_batches=m) <= mem_cap
         return v
 
     def rest_bound(c, free):

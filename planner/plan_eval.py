@@ -108,25 +108,26 @@ def evaluate(model, prefix: cm.Prefix, cluster, stages, global_batch_size: int, 
     else:
         chosen = policy or options.policy or ("B" if acr >= cm.ACR_POLICY_B_THRESHOLD else "A")
         counts = warmup_counts(len(stages), chosen, m, options.max_in_flight)
-    memory, violation = stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, model)
+    memory, violation = stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, m)
     if violation and schedule != "gpipe" and chosen == "B" and not (policy or options.policy):
         chosen = "A"
         counts = warmup_counts(len(stages), chosen, m, options.max_in_flight)
-        memory, violation = stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, model)
+        memory, violation = stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, m)
     return Estimate(stages=[(a, b, tuple(d)) for a, b, d in stages], micro_batch_size=micro_batch_size,
                     num_micro_batches=m, forward=fwd, backward=bwd, allreduce=ar, allreduce_tail=tail, comm=comm,
                     latency=latency, warmup=tw, steady=ts, ending=te, pivot=q, acr=acr, policy=chosen,
                     warmup_counts=counts, device_memory=memory, violation=violation, schedule=schedule)
 
 
-def stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, model=None):
+def stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, num_micro_batches=1):
     """Per-device peak memory and the first violation message (or None)."""
     memory = [0.0] * num_devices(cluster)
     violation = None
     for i, (first, end, devs) in enumerate(stages):
         sizes = cm.slice_sizes(micro_batch_size, len(devs))
         for dev, size in zip(devs, sizes):
-            need = cm.memory_bytes(prefix, first, end, size, counts[i], options.optimizer_multiplier)
+            need = cm.memory_bytes(prefix, first, end, size, counts[i], options.optimizer_multiplier,
+                                   num_micro_batches=num_micro_batches)
             memory[dev] = need
             if need > cluster.device_memory_bytes and violation is None:
                 violation = (f"stage {i} (layers {first}..{end - 1}) needs {need / 2**30:.2f} GiB on device {dev}, "

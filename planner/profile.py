@@ -340,7 +340,8 @@ class ModelProfile:
     Input nodes (is_input) stay in the layer list (plans name them) but cost nothing: no compute,
     no kept bytes, and their tensors cross no cut (the runtime feeds them to their consumers).
     kept_bytes: what each layer keeps for its backward (planner/memory_model.py); memory_source
-    says where it came from ("step", "measured" or "lower_bound").
+    says where it came from ("step", "measured" or "lower_bound"). input_bytes: the model inputs a
+    layer reads directly (the profile's input_bytes; an Input node's bytes go to its first consumer).
     """
 
     name: str
@@ -353,6 +354,7 @@ class ModelProfile:
     inputs: List[List[int]]
     last_use: List[int]
     kept_bytes: List[float] = dataclasses.field(default_factory=list)
+    input_bytes: List[float] = dataclasses.field(default_factory=list)
     is_input: List[bool] = dataclasses.field(default_factory=list)
     memory_source: str = "lower_bound"
 
@@ -361,6 +363,8 @@ class ModelProfile:
             self.is_input = [False] * len(self.names)
         if not self.kept_bytes:
             self.kept_bytes = list(self.activation_bytes)
+        if not self.input_bytes:
+            self.input_bytes = [0.0] * len(self.names)
 
     @property
     def num_layers(self) -> int:
@@ -388,6 +392,12 @@ class ModelProfile:
         kept, source = kept_bytes_per_sample(
             [layer.activation_bytes for layer in layers], [layer.backward_kept_bytes for layer in layers],
             params, is_input, profile.batch_size, step_memory_bytes, profile.model_name or "model")
+        input_bytes = [layer.input_bytes / bs for layer in layers]
+        for i, layer in enumerate(layers):
+            if is_input[i]:
+                consumers = [j for j, srcs in enumerate(inputs) if i in srcs]
+                if consumers:
+                    input_bytes[consumers[0]] += layer.activation_bytes / bs
         return cls(
             name=profile.model_name or "model",
             names=[layer.name for layer in layers],
@@ -399,6 +409,7 @@ class ModelProfile:
             inputs=inputs,
             last_use=[i if inp else u for i, (u, inp) in enumerate(zip(last_use, is_input))],
             kept_bytes=kept,
+            input_bytes=input_bytes,
             is_input=is_input,
             memory_source=source,
         )

@@ -108,7 +108,8 @@ def stage_costs(
             allreduce_ms=ar,
             allreduce_tail_ms=min(tail, ar),
             optimizer_ms=optimizer_ms,
-            static_bytes=cm.memory_bytes(prefix, first, end, slice_samples, 0, optimizer_multiplier),
+            static_bytes=cm.memory_bytes(prefix, first, end, slice_samples, 0, optimizer_multiplier,
+                                         num_micro_batches=plan.num_micro_batches),
             activation_bytes=activation_multiplier * slice_samples * prefix.kept_per_sample(first, end),
         ))
     return costs

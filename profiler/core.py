@@ -124,6 +124,7 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
         sess.run(init)
         probe = overhead_probe(graph, device)
         boundary = {t.name: t for info in infos for t in info.inputs + info.outputs}
+        model_inputs = {t.name for t in input_tensors}
         names = sorted(boundary)
         values = dict(zip(names, sess.run([boundary[n] for n in names], feed_dict=base_feed)))
         rng = np.random.default_rng(seed)
@@ -145,6 +146,7 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
             layer = profile.layers.add(
                 name=info.name, index=info.index, description=_describe(info),
                 forward_ms=fwd_ms, backward_ms=bwd_ms, backward_kept_bytes=kept,
+                input_bytes=float(sum(values[t.name].nbytes for t in info.inputs if t.name in model_inputs)),
                 activation_bytes=float(sum(values[t.name].nbytes for t in info.outputs)),
                 parameter_bytes=float(sum(tensor_bytes(v) for v in info.variables)),
                 inputs=[infos[j].name for j in info.input_layers])

@@ -110,7 +110,7 @@ def test_stage_costs_use_the_cost_model():
     slice_samples = cm.largest_slice(mbs, 8)
     for in_flight in (1, 3):
         assert costs[0].static_bytes + in_flight * costs[0].activation_bytes == pytest.approx(
-            cm.memory_bytes(prefix, first, cut, slice_samples, in_flight))
+            cm.memory_bytes(prefix, first, cut, slice_samples, in_flight, num_micro_batches=plan.num_micro_batches))
     # The simulated peak memory is the planner's per-device memory for the same K_i.
     result = simulate_plan(plan, model)
     for d, peak in result.peak_memory_bytes.items():
