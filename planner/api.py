@@ -228,6 +228,13 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
         best, bad = best_estimate("dapple", model, prefix, cluster, global_batch_size, opts, sizes,
                                   float("inf") if use_sim else floor, top)
         best = best or seed
+        if opts.recompute is None and best is None and not base:
+            # Re-computation (issue 12) when no plan fits without it: every stage keeps only its
+            # boundary inputs per in-flight micro-batch and recomputes its forward in its backward.
+            # (Searching it always, for plans it makes faster through larger micro-batches, tripled
+            # GNMT-16's planning time; Options(recompute=True) searches only such plans.)
+            rc_opts = Options(**{**opts.__dict__, "recompute": True})
+            best, _ = best_estimate("dapple", model, prefix, cluster, global_batch_size, rc_opts, sizes, floor)
         if use_sim and (top.plans or base):
             best, simulated = choose_by_simulation(top.plans + base, model, cluster, global_batch_size,
                                                    opts.link_contention)

@@ -234,7 +234,7 @@ def allreduce_tail_ms(model: ModelProfile, first: int, end: int, slice_samples: 
 
 def memory_bytes(prefix: Prefix, first: int, end: int, slice_samples: int, in_flight: int,
                  optimizer_multiplier: float = DEFAULT_OPTIMIZER_MULTIPLIER, extra_bytes: float = 0.0,
-                 num_micro_batches: int = 1) -> float:
+                 num_micro_batches: int = 1, recompute: bool = False) -> float:
     """Peak memory of one device of a stage (planner/memory_model.py):
     - weights, gradients and optimizer state: (2 + optimizer_multiplier) x parameters; when
       gradients accumulate over micro-batches (num_micro_batches > 1) the runtime adds each
@@ -243,10 +243,17 @@ def memory_bytes(prefix: Prefix, first: int, end: int, slice_samples: int, in_fl
     - what the stage keeps for backward for each of its `in_flight` micro-batch slices (kept bytes
       per sample x slice);
     - the model inputs its layers read, for all its slices of the global batch
-      (num_micro_batches x slice: the runtime splits the global batch it is given)."""
+      (num_micro_batches x slice: the runtime splits the global batch it is given).
+    With `recompute` (re-computation, GPipe's): per in-flight slice only the stage's boundary
+    inputs (the bytes crossing the cut before `first`), plus one slice's kept bytes while its
+    backward recomputes the forward."""
     params = prefix.parameter_bytes(first, end)
     transient = prefix.largest_layer_parameters(first, end) if num_micro_batches > 1 else 0.0
-    return (params * (2.0 + optimizer_multiplier) + transient + in_flight * slice_samples * prefix.kept_per_sample(first, end)
+    if recompute:
+        activations = in_flight * slice_samples * prefix.cut[first] + slice_samples * prefix.kept_per_sample(first, end)
+    else:
+        activations = in_flight * slice_samples * prefix.kept_per_sample(first, end)
+    return (params * (2.0 + optimizer_multiplier) + transient + activations
             + num_micro_batches * slice_samples * prefix.input_per_sample(first, end) + extra_bytes)
 
 

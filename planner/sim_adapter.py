@@ -109,8 +109,10 @@ def stage_costs(
             allreduce_tail_ms=min(tail, ar),
             optimizer_ms=optimizer_ms,
             static_bytes=cm.memory_bytes(prefix, first, end, slice_samples, 0, optimizer_multiplier,
-                                         num_micro_batches=plan.num_micro_batches),
-            activation_bytes=activation_multiplier * slice_samples * prefix.kept_per_sample(first, end),
+                                         num_micro_batches=plan.num_micro_batches, recompute=st.recompute),
+            # re-computation: each in-flight micro-batch keeps only the stage's boundary inputs
+            activation_bytes=activation_multiplier * slice_samples * (
+                prefix.cut[first] if st.recompute else prefix.kept_per_sample(first, end)),
         ))
     return costs
 

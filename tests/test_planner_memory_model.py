@@ -7,7 +7,7 @@ import pytest
 
 from planner import cost_model as cm
 from planner.api import MemoryLowerBoundWarning, PlanningError, plan
-from planner.cluster import preset_cluster
+from planner.cluster import make_cluster, preset_cluster
 from planner.memory_model import MemoryInputError, kept_bytes_per_sample, parse_size, side_file_memory
 from planner.profile import ModelProfile, load_profile
 from tests.shared_profiles import PROFILES
@@ -70,3 +70,30 @@ def test_side_file(tmp_path):
     assert side_file_memory(str(profile)) is None
     (tmp_path / "m-pbs-2.txt.memory").write_text("3.9GB\n")
     assert side_file_memory(str(profile)) == pytest.approx(3.9e9)
+
+
+def test_recompute_keeps_boundary_inputs_per_micro_batch_and_one_full_micro_batch():
+    model = ModelProfile.from_proto(load_profile(BERT), 11.4e9)
+    prefix = cm.Prefix(model)
+    params = prefix.parameter_bytes(10, 20)
+    largest = prefix.largest_layer_parameters(10, 20)
+    plain = cm.memory_bytes(prefix, 10, 20, 2, 3, 2.0, num_micro_batches=8)
+    rc = cm.memory_bytes(prefix, 10, 20, 2, 3, 2.0, num_micro_batches=8, recompute=True)
+    assert plain == pytest.approx(4 * params + largest + 3 * 2 * prefix.kept_per_sample(10, 20))
+    assert rc == pytest.approx(4 * params + largest + 3 * 2 * prefix.cut[10] + 2 * prefix.kept_per_sample(10, 20))
+
+
+def test_recompute_is_chosen_when_nothing_fits_without_it():
+    # BERT-48 (Table 1 memory) on 16 single-device servers of 4 GiB: no plan without
+    # re-computation is found; with it, 8:2:2:2:2 at M=8, every backward recomputing its forward.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = plan(load_profile(BERT), make_cluster("t", 16, 1, 4 * 2**30, 3.125e9, 3.125e9), 64,
+                 profile_memory="11.4GB")
+    assert [len(s.device_ids) for s in p.stages] == [8, 2, 2, 2, 2] and p.num_micro_batches == 8
+    assert all(s.recompute for s in p.stages)
+    assert max(p.device_peak_memory_bytes) <= 4 * 2**30
+    model = ModelProfile.from_proto(load_profile(BERT), 11.4e9)
+    s = p.stages[1]
+    plain = cm.stage_backward_ms(cm.Prefix(model), s.first_layer, s.last_layer + 1, 8, 2)
+    assert s.backward_ms == pytest.approx(plain + s.forward_ms - cm.PASS_OVERHEAD_MS)  # + the recomputed forward
