@@ -253,11 +253,18 @@ def format_pipedream(profile: LayerCostProfile) -> str:
 
 
 def write_pipedream(profile: LayerCostProfile, path: str) -> None:
-    """Writes format_pipedream(profile) to `path` (ProfileError on I/O failure)."""
+    """Writes format_pipedream(profile) to `path` (ProfileError on I/O failure), and the step memory,
+    which the text has no place for, to the side file `<path>.memory` (planner/memory_model.py).
+    Per-layer kept and input bytes are not written: the step memory stands for them."""
+    from planner.memory_model import SIDE_FILE_SUFFIX  # pylint: disable=import-outside-toplevel
+
     text = format_pipedream(profile)
     try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
+        if profile.step_peak_bytes > 0:
+            with open(path + SIDE_FILE_SUFFIX, "w", encoding="utf-8") as f:
+                f.write(f"{profile.step_peak_bytes:.0f}B\n")
     except OSError as e:
         raise ProfileError(f"{path}:0: cannot write: {e.strerror}") from e
 
@@ -318,7 +325,16 @@ def load_profile(path: str, batch_size: Optional[int] = None) -> LayerCostProfil
         if batch_size is not None:
             profile.batch_size = batch_size
         return validate_profile(profile, path)
-    return read_pipedream(path, batch_size=batch_size)
+    from planner.memory_model import MemoryInputError, side_file_memory  # pylint: disable=import-outside-toplevel
+
+    profile = read_pipedream(path, batch_size=batch_size)
+    try:
+        step = side_file_memory(path)
+    except MemoryInputError as e:
+        raise ProfileError(f"{path}:0: {e}") from None
+    if step:
+        profile.step_peak_bytes = step
+    return profile
 
 
 INPUT_PREFIX = "Input"

@@ -36,7 +36,6 @@ flags.DEFINE_enum("select", "latency", ["latency", "simulation"],
 def main(argv):
     del argv
     from planner.api import plan_all
-    from planner.memory_model import side_file_memory
     from planner.cluster import load_cluster
     from planner.profile import load_profile
     from planner.report import comparison_table, summarize
@@ -49,7 +48,7 @@ def main(argv):
     profile = load_profile(FLAGS.profile)
     cluster = load_cluster(FLAGS.cluster, num_servers=FLAGS.num_servers, num_devices=FLAGS.num_devices)
     options = {"optimizer_multiplier": FLAGS.optimizer_multiplier, "max_stages": FLAGS.max_stages,
-               "select": FLAGS.select, "profile_memory": FLAGS.profile_memory or side_file_memory(FLAGS.profile)}
+               "select": FLAGS.select, "profile_memory": FLAGS.profile_memory}
     if FLAGS.micro_batch_sizes:
         try:
             options["micro_batch_sizes"] = [int(x) for x in FLAGS.micro_batch_sizes]
