@@ -29,7 +29,8 @@ from planner import cost_model as cm
 from planner.dapple_planner import LARGE_CLUSTER_DEVICES, LARGE_PREPASS_CUTS, TopK, candidate_cuts, search
 from planner.memory_model import LOWER_BOUND_NOTE, MemoryInputError, parse_size
 from planner.plan_eval import Estimate, Options, evaluate, single_device_ms, to_plan
-from planner.profile import LayerCostProfile, ModelProfile
+from planner.model_profile import ModelProfile
+from planner.profile import LayerCostProfile
 from planner.schemas import plan_pb2
 
 PLANNERS = ("dapple", "dp", "dp_overlap", "straight", "gpipe", "pipedream")

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from typing import List, Sequence, Tuple
 
-from planner.profile import ModelProfile
+from planner.model_profile import ModelProfile
 
 PASS_OVERHEAD_MS = 0.2
 DEFAULT_OPTIMIZER_MULTIPLIER = 2.0  # Adam: two extra copies (m, v) of every weight

@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import List, Optional, Union
 
 from planner import cost_model as cm
-from planner.profile import LayerCostProfile, ModelProfile, load_profile
+from planner.model_profile import ModelProfile
+from planner.profile import LayerCostProfile, load_profile
 from planner.schedule import Schedule, build_schedule
 from planner.schemas import plan_pb2
 from planner.simulator import SimulationResult, StageCost, simulate

@@ -71,7 +71,7 @@ def measure(name, mbs, m):
     import models
     import profiler
     from planner import cost_model as cm
-    from planner.profile import ModelProfile
+    from planner.model_profile import ModelProfile
 
     spec = models.get_model(name, "tiny")
     profile = profiler.profile_spec(spec, mbs, warmup=0, runs=1, step_memory=True)
