@@ -2,40 +2,54 @@
 
 Planners: dapple (the DP of planner/dapple_planner.py, never worse than any baseline: the best
 baseline plan is returned if the DP finds nothing better), dp, dp_overlap, straight, gpipe,
-pipedream (planner/baselines.py). Each tries every candidate micro-batch size and keeps the
-fastest plan that fits in memory.
+pipedream (planner/baselines.py). Each tries every micro-batch size that divides the global batch
+(M up to the global batch size: 1-sample micro-batches are legal) and keeps the fastest plan that
+fits in memory.
 
-Selection by simulation (plan(..., simulate=True), plan_all's default): the DAPPLE search keeps,
-for every micro-batch size, its SIM_CANDIDATES best distinct plans by analytic latency; each of
-them and each baseline's best plan is run through planner/simulator.py (a few ms each) and the
-one with the lowest simulated iteration time is returned (ties: lower analytic latency). Per size,
-because the analytic error grows as M shrinks: a pool of the 8 best overall can hold only plans
-of small M (GNMT-16 on config B: all M=4, simulated 508 ms, while an M=32 plan simulates at 421 ms). Its estimated
-iteration time, Tw/Ts/Te and pivot stay formula 2's. The analytic L is optimistic when M is
-small and cuts are slow (the pivot waits for the round trip through later stages), which the
-simulator sees. Skipped on clusters of more than LARGE_CLUSTER_DEVICES devices (plain analytic
-choice there; the simulator is too slow for the time target).
+Objective: the paper's L (formula 2, via formula 5), Options.select="latency", the default. The
+simulator is a check: plan_all(simulate=True) simulates the chosen plans and warns
+(SimulationDisagreement) where simulation and L differ by more than 5%, naming the phase.
+Options.select="simulation" instead simulates, for every micro-batch size, the SIM_CANDIDATES best
+distinct DAPPLE plans by L (the pool of each size is independent of the others) and every
+baseline's best, and returns the lowest simulated time (ties: lower L). Skipped on clusters of
+more than LARGE_CLUSTER_DEVICES devices (the simulator is too slow for the time target).
+
+Memory: Options.profile_memory (or the profile's step_peak_bytes) gives the model's memory at the
+profile batch size (planner/memory_model.py); without either the planner warns, once per call
+(MemoryLowerBoundWarning), that its memory figures are a lower bound.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Dict, List, Optional, Sequence
 
 from planner import baselines
 from planner import cost_model as cm
 from planner.dapple_planner import LARGE_CLUSTER_DEVICES, LARGE_PREPASS_CUTS, TopK, candidate_cuts, search
+from planner.memory_model import LOWER_BOUND_NOTE, MemoryInputError, parse_size
 from planner.plan_eval import Estimate, Options, evaluate, single_device_ms, to_plan
-from planner.profile import LayerCostProfile, ModelProfile
+from planner.model_profile import ModelProfile
+from planner.profile import LayerCostProfile
 from planner.schemas import plan_pb2
 
 PLANNERS = ("dapple", "dp", "dp_overlap", "straight", "gpipe", "pipedream")
 BASELINES = PLANNERS[1:]
-DEFAULT_MAX_MICRO_BATCHES = 64
+DEFAULT_MAX_MICRO_BATCHES = None  # no cap: M can be as large as the global batch size
 SIM_CANDIDATES = 8
+SELECTIONS = ("latency", "simulation")
 
 
 class PlanningError(ValueError):
     """No valid plan: bad batch split, or nothing fits in memory."""
+
+
+class MemoryLowerBoundWarning(UserWarning):
+    """The profile has no memory figures: the planner's memory estimates are a lower bound."""
+
+
+class SimulationDisagreement(UserWarning):
+    """The simulated iteration time of a chosen plan differs from formula 2's L by more than 5%."""
 
 
 def divisors(n: int) -> List[int]:
@@ -43,9 +57,9 @@ def divisors(n: int) -> List[int]:
 
 
 def micro_batch_sizes(global_batch_size: int, requested: Optional[Sequence[int]] = None,
-                      max_micro_batches: int = DEFAULT_MAX_MICRO_BATCHES) -> List[int]:
-    """Candidate micro-batch sizes: divisors of the global batch size (M = GBS / size), by default
-    those with M <= max_micro_batches; `requested` sizes must divide the global batch size."""
+                      max_micro_batches: Optional[int] = DEFAULT_MAX_MICRO_BATCHES) -> List[int]:
+    """Candidate micro-batch sizes: divisors of the global batch size (M = GBS / size), all of them
+    by default, else those with M <= max_micro_batches; `requested` sizes must divide the GBS."""
     if global_batch_size < 1:
         raise PlanningError(f"global batch size must be >= 1, got {global_batch_size}")
     valid = divisors(global_batch_size)
@@ -56,6 +70,8 @@ def micro_batch_sizes(global_batch_size: int, requested: Optional[Sequence[int]]
                 f"micro-batch size(s) {bad} do not split global batch size {global_batch_size}; "
                 f"valid micro-batch sizes: {valid}")
         return sorted(set(requested))
+    if max_micro_batches is None:
+        return valid
     return [s for s in valid if global_batch_size // s <= max_micro_batches]
 
 
@@ -97,9 +113,12 @@ def best_estimate(name, model, prefix, cluster, gbs, options, sizes, best_l=floa
     With `top` (a TopK, or a PerSizeTop; dapple only) the search also collects its best distinct
     plans there."""
     best, infeasible = None, None
+    per_size = isinstance(top, PerSizeTop)
+    bound = best_l
     for mbs in sizes:
-        size_top = top.for_size(mbs) if isinstance(top, PerSizeTop) else top
-        est = _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l, size_top)
+        size_top = top.for_size(mbs) if per_size else top
+        # A per-size pool keeps its own best plans: the bound of one size must not cut another's.
+        est = _run_one(name, model, prefix, cluster, gbs, mbs, options, bound if per_size else best_l, size_top)
         if est is None:
             continue
         if not est.feasible:
@@ -118,7 +137,28 @@ def _options(kwargs) -> Options:
         if not hasattr(opts, key):
             raise PlanningError(f"unknown planner option {key!r}")
         setattr(opts, key, value)
+    if opts.select not in SELECTIONS:
+        raise PlanningError(f"unknown selection {opts.select!r}; expected one of {', '.join(SELECTIONS)}")
+    if isinstance(opts.profile_memory, str):
+        try:
+            opts.profile_memory = parse_size(opts.profile_memory)
+        except MemoryInputError as e:
+            raise PlanningError(str(e)) from None
     return opts
+
+
+def model_of(profile, opts: Options) -> ModelProfile:
+    """The planner's ModelProfile; warns once when its memory figures are only a lower bound."""
+    if isinstance(profile, LayerCostProfile):
+        try:
+            model = ModelProfile.from_proto(profile, opts.profile_memory)
+        except MemoryInputError as e:
+            raise PlanningError(str(e)) from None
+    else:
+        model = profile
+    if model.memory_source == "lower_bound":
+        warnings.warn(f"{model.name}: {LOWER_BOUND_NOTE}", MemoryLowerBoundWarning, stacklevel=3)
+    return model
 
 
 def memory_error(model, prefix, cluster, options, sizes, global_batch_size) -> str:
@@ -157,13 +197,12 @@ def choose_by_simulation(candidates: Sequence[Estimate], model, cluster, global_
     return chosen, sims
 
 
-def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dapple", select_by_simulation: bool = False,
-                   **options) -> Dict[str, object]:
+def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dapple", **options) -> Dict[str, object]:
     """Runs one planner (or "all"); returns {"results": {name: Estimate or an error string},
     "simulated": {id(Estimate): ms} for the plans simulated during selection, ...}."""
-    model = ModelProfile.from_proto(profile) if isinstance(profile, LayerCostProfile) else profile
-    prefix = cm.Prefix(model)
     opts = _options(options)
+    model = model_of(profile, opts)
+    prefix = cm.Prefix(model)
     sizes = micro_batch_sizes(global_batch_size, opts.micro_batch_sizes)
     names = list(PLANNERS) if planner == "all" else [planner]
     if planner not in PLANNERS and planner != "all":
@@ -177,18 +216,26 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
             best = f"the model fits no {name} plan in memory: {detail}" if detail else "no plan"
         results[name] = best
     if "dapple" in names:
-        base = [r for r in results.values() if isinstance(r, Estimate)]
+        # dp_overlap costs an overlap the runtime does not do (Options.overlap): not a DAPPLE plan.
+        base = [r for k, r in results.items() if isinstance(r, Estimate) and k != "dp_overlap"]
         floor = min((r.latency for r in base), default=float("inf"))
         seed = None
         if cluster.num_servers * cluster.devices_per_server > LARGE_CLUSTER_DEVICES:
             # Large clusters: a coarse pass first; its best plan bounds the full search.
             seed, _ = best_estimate("dapple_prepass", model, prefix, cluster, global_batch_size, opts, sizes, floor)
             floor = seed.latency if seed is not None else floor
-        use_sim = select_by_simulation and cluster.num_servers * cluster.devices_per_server <= LARGE_CLUSTER_DEVICES
+        use_sim = opts.select == "simulation" and cluster.num_servers * cluster.devices_per_server <= LARGE_CLUSTER_DEVICES
         top = PerSizeTop(SIM_CANDIDATES) if use_sim else None
         best, bad = best_estimate("dapple", model, prefix, cluster, global_batch_size, opts, sizes,
                                   float("inf") if use_sim else floor, top)
         best = best or seed
+        if opts.recompute is None and best is None and not base:
+            # Re-computation (issue 12) when no plan fits without it: every stage keeps only its
+            # boundary inputs per in-flight micro-batch and recomputes its forward in its backward.
+            # (Searching it always, for plans it makes faster through larger micro-batches, tripled
+            # GNMT-16's planning time; Options(recompute=True) searches only such plans.)
+            rc_opts = Options(**{**opts.__dict__, "recompute": True})
+            best, _ = best_estimate("dapple", model, prefix, cluster, global_batch_size, rc_opts, sizes, floor)
         if use_sim and (top.plans or base):
             best, simulated = choose_by_simulation(top.plans + base, model, cluster, global_batch_size,
                                                    opts.link_contention)
@@ -222,9 +269,9 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", sim
     With `simulate`, each plan's simulated_iteration_ms is filled by planner/simulator.py (the
     analytic estimated_iteration_ms and its Tw/Ts/Te stay the paper's formula 2).
     Raises PlanningError when the requested single planner has no feasible plan."""
-    from planner.sim_adapter import simulate_plan  # pylint: disable=import-outside-toplevel
+    from planner.sim_adapter import disagreement_text, simulate_plan  # pylint: disable=import-outside-toplevel
 
-    out = plan_estimates(profile, cluster, global_batch_size, planner, select_by_simulation=simulate, **options)
+    out = plan_estimates(profile, cluster, global_batch_size, planner, **options)
     model, prefix, results = out["model"], out["prefix"], out["results"]
     single = single_device_ms(prefix, global_batch_size)
     dp = [results.get(k) for k in ("dp", "dp_overlap")]
@@ -238,10 +285,12 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", sim
         if isinstance(r, Estimate):
             plans[name] = to_plan(r, model, cluster, global_batch_size, name, single, dp_ms)
             if simulate:
-                sim = out["simulated"].get(id(r))
-                if sim is None:
-                    sim = simulate_plan(plans[name], model, link_contention=out["options"].link_contention).iteration_ms
-                plans[name].simulated_iteration_ms = sim
+                result = simulate_plan(plans[name], model, link_contention=out["options"].link_contention,
+                                       overlap_allreduce=name == "dp_overlap")
+                plans[name].simulated_iteration_ms = result.iteration_ms
+                note = disagreement_text(plans[name], result) if name == "dapple" else ""
+                if note:
+                    warnings.warn(f"{model.name}: the chosen plan's {note}", SimulationDisagreement, stacklevel=2)
         else:
             if planner != "all":
                 raise PlanningError(f"{name}: {r}")

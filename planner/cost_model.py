@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from typing import List, Sequence, Tuple
 
-from planner.profile import ModelProfile
+from planner.model_profile import ModelProfile
 
 PASS_OVERHEAD_MS = 0.2
 DEFAULT_OPTIMIZER_MULTIPLIER = 2.0  # Adam: two extra copies (m, v) of every weight
@@ -61,12 +61,15 @@ class Prefix:
         self.fwd = [0.0] * (n + 1)
         self.bwd = [0.0] * (n + 1)
         self.params = [0.0] * (n + 1)
-        self.act = [0.0] * (n + 1)
+        self.kept = [0.0] * (n + 1)
+        self.inputs = [0.0] * (n + 1)
+        self._largest = {}
         for i in range(n):
             self.fwd[i + 1] = self.fwd[i] + model.forward_ms[i]
             self.bwd[i + 1] = self.bwd[i] + model.backward_ms[i]
             self.params[i + 1] = self.params[i] + model.parameter_bytes[i]
-            self.act[i + 1] = self.act[i] + model.activation_bytes[i]
+            self.kept[i + 1] = self.kept[i] + model.kept_bytes[i]
+            self.inputs[i + 1] = self.inputs[i] + model.input_bytes[i]
         # cut[c] = per-sample bytes crossing the boundary before layer c
         diff = [0.0] * (n + 2)
         for i in range(n):
@@ -88,8 +91,21 @@ class Prefix:
     def parameter_bytes(self, first: int, end: int) -> float:
         return self.params[end] - self.params[first]
 
-    def activation_per_sample(self, first: int, end: int) -> float:
-        return self.act[end] - self.act[first]
+    def kept_per_sample(self, first: int, end: int) -> float:
+        """Bytes layers [first, end) keep for their backward, per sample (planner/memory_model.py)."""
+        return self.kept[end] - self.kept[first]
+
+    def largest_layer_parameters(self, first: int, end: int) -> float:
+        """Parameter bytes of the largest layer in [first, end) (cached per range)."""
+        key = (first, end)
+        v = self._largest.get(key)
+        if v is None:
+            v = self._largest[key] = max(self.model.parameter_bytes[first:end], default=0.0)
+        return v
+
+    def input_per_sample(self, first: int, end: int) -> float:
+        """Bytes of model inputs layers [first, end) read directly, per sample."""
+        return self.inputs[end] - self.inputs[first]
 
 
 def slice_sizes(samples: int, replicas: int) -> List[int]:
@@ -217,12 +233,28 @@ def allreduce_tail_ms(model: ModelProfile, first: int, end: int, slice_samples: 
 
 
 def memory_bytes(prefix: Prefix, first: int, end: int, slice_samples: int, in_flight: int,
-                 optimizer_multiplier: float = DEFAULT_OPTIMIZER_MULTIPLIER, extra_bytes: float = 0.0) -> float:
-    """Peak memory of one device of a stage: weights, gradients and optimizer state
-    ((2 + optimizer_multiplier) x parameters) plus the stashed activations of `in_flight`
-    micro-batch slices (every layer's outputs, per sample x slice)."""
+                 optimizer_multiplier: float = DEFAULT_OPTIMIZER_MULTIPLIER, extra_bytes: float = 0.0,
+                 num_micro_batches: int = 1, recompute: bool = False) -> float:
+    """Peak memory of one device of a stage (planner/memory_model.py):
+    - weights, gradients and optimizer state: (2 + optimizer_multiplier) x parameters; when
+      gradients accumulate over micro-batches (num_micro_batches > 1) the runtime adds each
+      variable's micro-batch gradient into its running sum as it is produced, so one more layer's
+      gradient (the largest) is alive with the sums;
+    - what the stage keeps for backward for each of its `in_flight` micro-batch slices (kept bytes
+      per sample x slice);
+    - the model inputs its layers read, for all its slices of the global batch
+      (num_micro_batches x slice: the runtime splits the global batch it is given).
+    With `recompute` (re-computation, GPipe's): per in-flight slice only the stage's boundary
+    inputs (the bytes crossing the cut before `first`), plus one slice's kept bytes while its
+    backward recomputes the forward."""
     params = prefix.parameter_bytes(first, end)
-    return params * (2.0 + optimizer_multiplier) + in_flight * slice_samples * prefix.activation_per_sample(first, end) + extra_bytes
+    transient = prefix.largest_layer_parameters(first, end) if num_micro_batches > 1 else 0.0
+    if recompute:
+        activations = in_flight * slice_samples * prefix.cut[first] + slice_samples * prefix.kept_per_sample(first, end)
+    else:
+        activations = in_flight * slice_samples * prefix.kept_per_sample(first, end)
+    return (params * (2.0 + optimizer_multiplier) + transient + activations
+            + num_micro_batches * slice_samples * prefix.input_per_sample(first, end) + extra_bytes)
 
 
 def pivot_stage(forward: Sequence[float], backward: Sequence[float], num_micro_batches: int) -> int:

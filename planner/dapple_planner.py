@@ -216,6 +216,8 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
     if total > LARGE_CLUSTER_DEVICES:
         cuts = coarsen_cuts(prefix, cuts, max_cuts or LARGE_MAX_CUTS)
         policies = [p for p in policies if p == "append"] or list(policies)[:1]
+    if not straight and mbs * min(len(cuts) + 1, options.max_stages or n) < total - sum(start_used or ()):
+        return None  # every plan uses every device, at most mbs per stage: too few stages possible
     reps = list(replications) if replications is not None else replication_candidates(total, per_server)
     reps = [r for r in reps if r <= mbs]
     max_stages = options.max_stages or n
@@ -223,8 +225,10 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
     contention = options.link_contention
     mem_cap = cluster.device_memory_bytes
     opt = options.optimizer_multiplier
+    recompute = bool(options.recompute)
     pf, pb, pp = prefix.fwd, prefix.bwd, prefix.params
-    work = [pf[i] + pb[i] for i in range(n + 1)]
+    # F + B per sample (a recomputing stage runs its forward twice): the pruning bounds use it
+    work = [pf[i] * (2 if recompute else 1) + pb[i] for i in range(n + 1)]
     ar_cache: Dict[Tuple[int, ...], float] = {}
     xfer_cache: Dict[Tuple, float] = {}
     cost_cache: Dict[Tuple, Tuple[float, float, float]] = {}
@@ -258,7 +262,7 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
             return v
         sl = -(-mbs // r)
         f = sl * (pf[end] - pf[first]) + oh
-        b = sl * (pb[end] - pb[first]) + oh
+        b = sl * (pb[end] - pb[first]) + oh + (f - oh if recompute else 0.0)
         if r == 1:
             t = 0.0
         elif overlap:
@@ -273,7 +277,8 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
         v = fits_cache.get(key)
         if v is None:
             sl = -(-mbs // r)
-            v = fits_cache[key] = cm.memory_bytes(prefix, first, end, sl, k, opt) <= mem_cap
+            v = fits_cache[key] = cm.memory_bytes(prefix, first, end, sl, k, opt, num_micro_batches=m,
+                                                          recompute=recompute) <= mem_cap
         return v
 
     def rest_bound(c, free):

@@ -20,13 +20,22 @@ class Options:
     """Knobs shared by all planners."""
 
     optimizer_multiplier: float = cm.DEFAULT_OPTIMIZER_MULTIPLIER
-    overlap: bool = True                 # backward/AllReduce overlap on the last micro-batch
+    # Backward/AllReduce overlap on the last micro-batch. Off: the runtime all-reduces a stage's
+    # packed gradients after its last backward (dapple_tf/collectives.py); dp_overlap turns it on.
+    overlap: bool = False
     overhead_ms: float = cm.PASS_OVERHEAD_MS
     max_stages: Optional[int] = None
     micro_batch_sizes: Optional[Sequence[int]] = None
     max_in_flight: Optional[int] = None  # D; defaults to M
     policy: Optional[str] = None         # force "A" or "B"; default: by ACR
     link_contention: bool = False        # transfers share device ports / server NICs (cost_model docstring)
+    # One training step's memory at the profile batch size (bytes, or a size such as "11.4GB"), for
+    # profiles without a measured one (planner/memory_model.py); None: the profile's own, if any.
+    profile_memory: Optional[object] = None
+    select: str = "latency"              # dapple: "latency" (formula 2, the paper) or "simulation"
+    # Re-computation: None lets the DAPPLE planner choose (a second search with every stage
+    # recomputing; kept when it is feasible and has a lower L); True / False force it.
+    recompute: Optional[bool] = None
 
 
 @dataclasses.dataclass
@@ -52,6 +61,7 @@ class Estimate:
     device_memory: List[float]       # per device id (0 for unused devices)
     violation: Optional[str]         # why the plan does not fit in memory, or None
     schedule: str = "dapple"
+    recompute: bool = False          # every stage recomputes its forward in its backward
 
     @property
     def feasible(self) -> bool:
@@ -71,11 +81,13 @@ def evaluate(model, prefix: cm.Prefix, cluster, stages, global_batch_size: int, 
              options: Options, schedule: str = "dapple", policy: Optional[str] = None) -> Estimate:
     """Costs `stages` [(first, end, device_ids)] with micro-batches of `micro_batch_size`."""
     m = global_batch_size // micro_batch_size
+    recompute = bool(options.recompute)
     fwd, bwd, ar, tail, comm = [], [], [], [], []
     for idx, (first, end, devs) in enumerate(stages):
         r = len(devs)
         fwd.append(cm.stage_forward_ms(prefix, first, end, micro_batch_size, r, options.overhead_ms))
-        bwd.append(cm.stage_backward_ms(prefix, first, end, micro_batch_size, r, options.overhead_ms))
+        bwd.append(cm.stage_backward_ms(prefix, first, end, micro_batch_size, r, options.overhead_ms)
+                   + (fwd[-1] - options.overhead_ms if recompute else 0.0))
         per_byte = cm.allreduce_ms_per_byte(cluster, devs) if r > 1 else 0.0
         ar.append(prefix.parameter_bytes(first, end) * per_byte)
         if options.overlap and r > 1:
@@ -102,25 +114,27 @@ def evaluate(model, prefix: cm.Prefix, cluster, stages, global_batch_size: int, 
     else:
         chosen = policy or options.policy or ("B" if acr >= cm.ACR_POLICY_B_THRESHOLD else "A")
         counts = warmup_counts(len(stages), chosen, m, options.max_in_flight)
-    memory, violation = stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, model)
+    memory, violation = stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, m)
     if violation and schedule != "gpipe" and chosen == "B" and not (policy or options.policy):
         chosen = "A"
         counts = warmup_counts(len(stages), chosen, m, options.max_in_flight)
-        memory, violation = stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, model)
+        memory, violation = stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, m)
     return Estimate(stages=[(a, b, tuple(d)) for a, b, d in stages], micro_batch_size=micro_batch_size,
                     num_micro_batches=m, forward=fwd, backward=bwd, allreduce=ar, allreduce_tail=tail, comm=comm,
                     latency=latency, warmup=tw, steady=ts, ending=te, pivot=q, acr=acr, policy=chosen,
-                    warmup_counts=counts, device_memory=memory, violation=violation, schedule=schedule)
+                    warmup_counts=counts, device_memory=memory, violation=violation, schedule=schedule,
+                    recompute=recompute)
 
 
-def stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, model=None):
+def stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, num_micro_batches=1):
     """Per-device peak memory and the first violation message (or None)."""
     memory = [0.0] * num_devices(cluster)
     violation = None
     for i, (first, end, devs) in enumerate(stages):
         sizes = cm.slice_sizes(micro_batch_size, len(devs))
         for dev, size in zip(devs, sizes):
-            need = cm.memory_bytes(prefix, first, end, size, counts[i], options.optimizer_multiplier)
+            need = cm.memory_bytes(prefix, first, end, size, counts[i], options.optimizer_multiplier,
+                                   num_micro_batches=num_micro_batches, recompute=bool(options.recompute))
             memory[dev] = need
             if need > cluster.device_memory_bytes and violation is None:
                 violation = (f"stage {i} (layers {first}..{end - 1}) needs {need / 2**30:.2f} GiB on device {dev}, "
@@ -145,7 +159,7 @@ def to_plan(est: Estimate, model, cluster, global_batch_size: int, planner: str,
         stage = plan.stages.add(first_layer=first, last_layer=end - 1, warmup_micro_batches=est.warmup_counts[i],
                                 forward_ms=est.forward[i], backward_ms=est.backward[i],
                                 allreduce_ms=est.allreduce[i],
-                                parameter_bytes=sum(model.parameter_bytes[first:end]))
+                                parameter_bytes=sum(model.parameter_bytes[first:end]), recompute=est.recompute)
         stage.layer_names.extend(model.names[first:end])
         stage.device_ids.extend(devs)
     plan.device_peak_memory_bytes.extend(est.device_memory)

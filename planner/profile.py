@@ -28,7 +28,6 @@ Errors are ProfileError (a ValueError) whose message starts with `<path>:<line>:
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import os
 import re
@@ -288,11 +287,18 @@ def format_pipedream(profile: LayerCostProfile) -> str:
 
 
 def write_pipedream(profile: LayerCostProfile, path: str) -> None:
-    """Writes format_pipedream(profile) to `path` (ProfileError on I/O failure)."""
+    """Writes format_pipedream(profile) to `path` (ProfileError on I/O failure), and the step memory,
+    which the text has no place for, to the side file `<path>.memory` (planner/memory_model.py).
+    Per-layer kept and input bytes are not written: the step memory stands for them."""
+    from planner.memory_model import SIDE_FILE_SUFFIX  # pylint: disable=import-outside-toplevel
+
     text = format_pipedream(profile)
     try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
+        if profile.step_peak_bytes > 0:
+            with open(path + SIDE_FILE_SUFFIX, "w", encoding="utf-8") as f:
+                f.write(f"{profile.step_peak_bytes:.0f}B\n")
     except OSError as e:
         raise ProfileError(f"{path}:0: cannot write: {e.strerror}") from e
 
@@ -353,50 +359,23 @@ def load_profile(path: str, batch_size: Optional[int] = None) -> LayerCostProfil
         if batch_size is not None:
             profile.batch_size = batch_size
         return validate_profile(profile, path)
-    return read_pipedream(path, batch_size=batch_size)
+    from planner.memory_model import MemoryInputError, side_file_memory  # pylint: disable=import-outside-toplevel
+
+    profile = read_pipedream(path, batch_size=batch_size)
+    try:
+        step = side_file_memory(path)
+    except MemoryInputError as e:
+        raise ProfileError(f"{path}:0: {e}") from None
+    if step:
+        profile.step_peak_bytes = step
+    return profile
 
 
-@dataclasses.dataclass
-class ModelProfile:
-    """The planner's view of a profile: per-sample costs in topological order (plain lists).
+def __getattr__(name):
+    """ModelProfile and is_input_node live in planner/model_profile.py (imported lazily: it imports
+    this module)."""
+    if name in ("ModelProfile", "is_input_node", "INPUT_PREFIX"):
+        from planner import model_profile  # pylint: disable=import-outside-toplevel
 
-    forward_ms/backward_ms/activation_bytes are per sample (profile value / batch size);
-    parameter_bytes per layer; consumers[i] = indices of layers consuming layer i;
-    last_use[i] = the largest consumer index (or i when unused).
-    """
-
-    name: str
-    names: List[str]
-    descriptions: List[str]
-    forward_ms: List[float]
-    backward_ms: List[float]
-    activation_bytes: List[float]
-    parameter_bytes: List[float]
-    inputs: List[List[int]]
-    last_use: List[int]
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.names)
-
-    @classmethod
-    def from_proto(cls, profile: LayerCostProfile) -> "ModelProfile":
-        profile = validate_profile(profile)
-        bs = float(profile.batch_size)
-        index = {layer.name: i for i, layer in enumerate(profile.layers)}
-        inputs = [[index[s] for s in layer.inputs] for layer in profile.layers]
-        last_use = list(range(len(inputs)))
-        for dst, srcs in enumerate(inputs):
-            for s in srcs:
-                last_use[s] = max(last_use[s], dst)
-        return cls(
-            name=profile.model_name or "model",
-            names=[layer.name for layer in profile.layers],
-            descriptions=[layer.description for layer in profile.layers],
-            forward_ms=[layer.forward_ms / bs for layer in profile.layers],
-            backward_ms=[layer.backward_ms / bs for layer in profile.layers],
-            activation_bytes=[layer.activation_bytes / bs for layer in profile.layers],
-            parameter_bytes=[layer.parameter_bytes for layer in profile.layers],
-            inputs=inputs,
-            last_use=last_use,
-        )
+        return getattr(model_profile, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,9 @@ Two things the analytic formula does not have: the optimizer step (Adam reads pa
 gradients, m, v and writes parameters, m, v: 7 x parameter bytes at `optimizer_bandwidth`), and
 internal bubbles of the pivot stage. Links default to one transfer at a time in both directions
 (`duplex_links=False`), as the paper's formula treats each cut as one communication stage.
+AllReduce does not overlap the last backward by default (`overlap_allreduce=False`): the runtime
+reduces a stage's gradients as one packed buffer after its last backward (dapple_tf/collectives.py,
+read in its graph: the collective consumes the concatenation of all the stage's gradients).
 `activation_multiplier` scales stashed activations for models whose profile records only layer
 outputs (see scripts/bench_schedule_memory.py); 1.0 is what the planner assumes.
 """
@@ -26,7 +29,8 @@ from __future__ import annotations
 from typing import List, Optional, Union
 
 from planner import cost_model as cm
-from planner.profile import LayerCostProfile, ModelProfile, load_profile
+from planner.model_profile import ModelProfile
+from planner.profile import LayerCostProfile, load_profile
 from planner.schedule import Schedule, build_schedule
 from planner.schemas import plan_pb2
 from planner.simulator import SimulationResult, StageCost, simulate
@@ -49,7 +53,7 @@ def stage_costs(
     profile: Union[str, LayerCostProfile, ModelProfile],
     cluster: Optional[plan_pb2.Cluster] = None,
     *,
-    overlap_allreduce: bool = True,
+    overlap_allreduce: bool = False,
     activation_multiplier: float = 1.0,
     optimizer_multiplier: float = cm.DEFAULT_OPTIMIZER_MULTIPLIER,
     overhead_ms: float = cm.PASS_OVERHEAD_MS,
@@ -107,8 +111,11 @@ def stage_costs(
             allreduce_ms=ar,
             allreduce_tail_ms=min(tail, ar),
             optimizer_ms=optimizer_ms,
-            static_bytes=cm.memory_bytes(prefix, first, end, slice_samples, 0, optimizer_multiplier),
-            activation_bytes=activation_multiplier * slice_samples * prefix.activation_per_sample(first, end),
+            # the simulator adds re-computation's memory itself: boundary inputs per in-flight micro-batch,
+            # one micro-batch's kept bytes from R to the end of B
+            static_bytes=cm.memory_bytes(prefix, first, end, slice_samples, 0, optimizer_multiplier,
+                                         num_micro_batches=plan.num_micro_batches),
+            activation_bytes=activation_multiplier * slice_samples * prefix.kept_per_sample(first, end),
             recompute=st.recompute,
             boundary_bytes=cm.cut_bytes(prefix, first, slice_samples),
         ))
@@ -142,7 +149,7 @@ def simulate_plan(
     schedule: Optional[str] = None,
     policy: Optional[str] = None,
     *,
-    overlap_allreduce: bool = True,
+    overlap_allreduce: bool = False,
     duplex_links: bool = False,
     activation_multiplier: float = 1.0,
     max_in_flight: Optional[int] = None,
@@ -191,3 +198,42 @@ def pivot_internal_bubble_ms(plan: plan_pb2.Plan, result: SimulationResult) -> f
         return 0.0
     span = max(e.end_ms for e in boxes) - min(e.start_ms for e in boxes)
     return max(0.0, span - sum(e.duration_ms for e in boxes))
+
+
+def _pivot_boxes(plan: plan_pb2.Plan, result: SimulationResult):
+    """The simulated boxes of the plan's pivot (a stage's passes, or a cut's transfers)."""
+    q = plan.pivot_stage
+    if q % 2 == 0:
+        return [e for e in result.events if e.stage == q // 2 and e.kind in ("forward", "backward")]
+    cut = q // 2
+    return [e for e in result.events
+            if (e.kind == "send_activation" and e.stage == cut) or (e.kind == "send_gradient" and e.stage == cut + 1)]
+
+
+def simulated_phases(plan: plan_pb2.Plan, result: SimulationResult):
+    """(Tw, Ts, Te) of the simulated timeline, the paper's phases: until the pivot's first
+    forward ends, until its last backward starts, until the iteration ends."""
+    boxes = sorted(_pivot_boxes(plan, result), key=lambda e: e.start_ms)
+    if not boxes:
+        return 0.0, 0.0, result.iteration_ms
+    tw = boxes[0].end_ms
+    last_start = boxes[-1].start_ms
+    return tw, last_start - tw, result.iteration_ms - last_start
+
+
+DISAGREEMENT = 0.05
+
+
+def disagreement_text(plan: plan_pb2.Plan, result: SimulationResult, limit: float = DISAGREEMENT) -> str:
+    """'' when simulated and analytic (formula 2) times agree within `limit`; else both, with the
+    phase (Tw, Ts, Te) whose simulated length differs most from the formula's."""
+    diff = relative_difference(plan, result)
+    if abs(diff) <= limit:
+        return ""
+    sim = simulated_phases(plan, result)
+    ana = (plan.warmup_ms, plan.steady_ms, plan.ending_ms)
+    names = ("warm-up Tw", "steady Ts", "ending Te")
+    worst = max(range(3), key=lambda i: abs(sim[i] - ana[i]))
+    return (f"{compare_text(plan, result)}: the {names[worst]} phase differs most "
+            f"(formula 2 {ana[worst]:.2f} ms, simulated {sim[worst]:.2f} ms; "
+            + ", ".join(f"{n} {a:.2f}/{b:.2f}" for n, a, b in zip(names, ana, sim)) + " ms analytic/simulated)")

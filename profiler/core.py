@@ -14,6 +14,9 @@ Each timing is `warmup` untimed runs, then the median of `runs` timed runs, minu
 a no-op run fed the same feed dict (the per-run dispatch and feeding cost, which a real training step
 does not pay per layer; clamped at 0), so that the sum of a profile's forward+backward times
 estimates one training step's compute (tests/test_profiler.py checks it is within 30%).
+Memory kept for backward (backward_kept_bytes): the bytes of the tensors layer i's gradient ops read
+from the forward pass (its inputs and its own intermediates), from the recorded values. With
+step_memory, one whole forward+backward step's peak (step_peak_bytes) from TF's allocator statistics.
 Sizes are exact: activation bytes = bytes of every tensor leaving the layer (its recorded values;
 per tensor in output_activation_bytes when there are several); parameter bytes = shape x dtype size
 of the layer's trainable variables. The DAG: layer j is an input of layer i when i consumes a tensor
@@ -85,7 +88,7 @@ def _variable_dependent_ops(graph):
 def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch_size: int,
                   device: str = "/device:CPU:0", warmup: int = 2, runs: int = 5, model_name: str = "model",
                   progress: Optional[Callable] = None, seed: int = 0, clock: str = "wall",
-                  threads: int = 0, layers=None) -> layer_cost_pb2.LayerCostProfile:
+                  threads: int = 0, layers=None, step_memory: bool = False) -> layer_cost_pb2.LayerCostProfile:
     """Measures `model_fn(features, labels) -> loss` layer by layer; returns a LayerCostProfile.
 
     `make_inputs()` makes the (features, labels) tensors (placeholders) of batch `batch_size`;
@@ -94,7 +97,8 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
     `clock`: "wall" (elapsed time, the default) or "cpu" (process CPU time, for shared machines);
     `threads`: TF thread-pool sizes (0: default). `layers`: None (dapple_tf.layer markers) or
     dapple_tf.layers_by_scope(...), as given to build_pipeline. model_fn may also return (loss, {name: tensor}).
-    Raises LayerMarkerError (a ValueError) for a model that breaks the
+    `step_memory`: also measure one forward+backward step's peak memory (step_peak_bytes, see
+    step_peak_bytes). Raises LayerMarkerError (a ValueError) for a model that breaks the
     marker contract and ValueError for an unavailable device.
     """
     graph = tf.Graph()
@@ -114,6 +118,8 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
             model_ops = ()
         infos = analyze_layers(recorder, loss, model_ops, input_tensors)
         backward = _build_backward(infos)
+        step_grads = [g for g in tf.gradients(loss, tf.compat.v1.trainable_variables()) if g is not None] \
+            if step_memory else []
         init = tf.compat.v1.global_variables_initializer()
     base_feed = dict(zip(input_tensors, tf.nest.flatten(input_values)))
 
@@ -125,6 +131,7 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
         sess.run(init)
         probe = overhead_probe(graph, device)
         boundary = {t.name: t for info in infos for t in info.inputs + info.outputs}
+        model_inputs = {t.name for t in input_tensors}
         names = sorted(boundary)
         values = dict(zip(names, sess.run([boundary[n] for n in names], feed_dict=base_feed)))
         rng = np.random.default_rng(seed)
@@ -132,17 +139,21 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
             feed = {t: values[t.name] for t in info.inputs}
             fwd_target = sorted({t.op for t in info.outputs}, key=lambda op: op.name)  # run, not fetched
             fwd_ms = net_run_ms(sess, fwd_target, probe, feed, warmup, runs, clock) if fwd_target else 0.0
-            bwd_ms = 0.0
+            bwd_ms = kept = 0.0
             if bwd is not None:
-                target, fed_forward, grad_ys = bwd
-                bwd_feed = dict(zip(fed_forward, sess.run(fed_forward, feed_dict=feed))) if fed_forward else {}
+                target, fed_forward, grad_ys, read_inputs = bwd
+                forward_values = sess.run(fed_forward, feed_dict=feed) if fed_forward else []
+                # Kept for backward: the forward tensors and the inputs this layer's gradient ops read.
+                kept = float(sum(v.nbytes for v in forward_values) + sum(values[t.name].nbytes for t in read_inputs))
+                bwd_feed = dict(zip(fed_forward, forward_values))
                 bwd_feed.update(feed)
                 for ph, out in grad_ys:
                     bwd_feed[ph] = (rng.standard_normal(values[out.name].shape) * 1e-3).astype(ph.dtype.as_numpy_dtype)
                 bwd_ms = net_run_ms(sess, target, probe, bwd_feed, warmup, runs, clock)
             layer = profile.layers.add(
                 name=info.name, index=info.index, description=_describe(info),
-                forward_ms=fwd_ms, backward_ms=bwd_ms,
+                forward_ms=fwd_ms, backward_ms=bwd_ms, backward_kept_bytes=kept,
+                input_bytes=float(sum(values[t.name].nbytes for t in info.inputs if t.name in model_inputs)),
                 activation_bytes=float(sum(values[t.name].nbytes for t in info.outputs)),
                 parameter_bytes=float(sum(tensor_bytes(v) for v in info.variables)),
                 inputs=[infos[j].name for j in info.input_layers])
@@ -150,11 +161,32 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
                 layer.output_activation_bytes.extend(float(values[t.name].nbytes) for t in info.outputs)
             if progress:
                 progress(info.index + 1, len(infos), layer)
+        if step_memory:
+            profile.step_peak_bytes = step_peak_bytes(sess, step_grads, base_feed, device, profile)
     return profile
 
 
+def step_peak_bytes(sess, grads, feed, device, profile) -> float:
+    """Weights plus the allocator's peak above its use before one forward+backward step (gradients
+    and what the step keeps for backward), on `device`. Needs TF's BFC allocator on CPU
+    (TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts): RuntimeError otherwise."""
+    name = tf.DeviceSpec.from_string(device)
+    name = f"{name.device_type.upper()}:{name.device_index or 0}"
+    sess.run(grads, feed_dict=feed)  # warm-up: allocator pools, constant folding
+    try:
+        start = tf.config.experimental.get_memory_info(name)["current"]
+        tf.config.experimental.reset_memory_stats(name)
+    except ValueError as e:
+        raise RuntimeError(f"cannot read allocator statistics of {name} (on CPU set TF_CPU_ALLOCATOR_USE_BFC=true "
+                           f"before TensorFlow starts): {e}") from None
+    sess.run(grads, feed_dict=feed)
+    peak = tf.config.experimental.get_memory_info(name)["peak"]
+    return float(peak - start + sum(layer.parameter_bytes for layer in profile.layers))
+
+
 def _build_backward(infos):
-    """Per layer: (gradient target op, forward tensors to feed, [(grad_ys placeholder, output)]) or None."""
+    """Per layer: (gradient target op, forward tensors to feed, [(grad_ys placeholder, output)],
+    the layer's inputs its gradient ops read) or None."""
     graph = tf.compat.v1.get_default_graph()
     dependent = _variable_dependent_ops(graph)
     result = []
@@ -189,8 +221,9 @@ def _build_backward(infos):
                 if (t.op.name not in new_ops and t.op.name in own and t.name not in input_names
                         and t.dtype != tf.resource and t.dtype != tf.variant and graph.is_feedable(t)):
                     fed[t.name] = t
+        read_inputs = {t.name: t for op in graph.get_operations()[first:] for t in op.inputs if t.name in input_names}
         pairs = [(ph, y) for ph, y in zip(grad_ys, ys) if ph is not None]
-        result.append((target, [fed[n] for n in sorted(fed)], pairs))
+        result.append((target, [fed[n] for n in sorted(fed)], pairs, [read_inputs[n] for n in sorted(read_inputs)]))
     return result
 
 

@@ -2,9 +2,9 @@
 
   python -m scripts.bench_planner [--synthetic_layers=256 --synthetic_servers=128]
 Targets (issue 4): BERT-48 on paper_a < 0.5 s; GNMT-16 on paper_a < 5 s; a synthetic 256-layer
-chain on 128 servers x 8 devices < 60 s. Times plan() as the library default (analytic choice);
-for the 16-device cases also with simulate=True (selection among the best candidates by simulated
-time, what dapple_plan does).
+chain on 128 servers x 8 devices < 60 s. Times plan() as the library default (no simulation);
+for the 16-device cases also with simulate=True (the chosen plan simulated as a check, what
+dapple_plan does).
 """
 
 import time

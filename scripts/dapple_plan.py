@@ -2,8 +2,13 @@
 
 Example:
   dapple_plan --profile=../shared/profiles/vgg-19-pbs-32.txt --global_batch_size=2048
-      --cluster=paper_c --output=plan.json
+      --cluster=paper_c --profile_memory=5.6GB --output=plan.json
+
+Warnings (on stderr): memory figures that are only a lower bound (no memory input), and a chosen
+plan whose simulated time differs from formula 2's L by more than 5%.
 """
+
+import warnings
 
 from absl import flags
 
@@ -22,7 +27,13 @@ flags.DEFINE_enum("backend", "tf", ["tf", "horovod"], "horovod: plan one server 
                   "batch for --num_processes horovodrun processes (dapple_train --backend=horovod).")
 flags.DEFINE_integer("num_processes", 1, "With --backend=horovod: the horovodrun processes (-np).")
 flags.DEFINE_integer("max_stages", None, "Most pipeline stages to consider.")
-flags.DEFINE_list("micro_batch_sizes", None, "Micro-batch sizes to consider (default: divisors of the global batch, M <= 64).")
+flags.DEFINE_list("micro_batch_sizes", None, "Micro-batch sizes to consider (default: every divisor of the global batch).")
+flags.DEFINE_string("profile_memory", None,
+                    "Memory of one training step at the profile batch size, e.g. 11.4GB (the paper's Table 1); "
+                    "default: the profile's measured step peak, or a `<profile>.memory` file next to it.")
+flags.DEFINE_enum("select", "latency", ["latency", "simulation"],
+                  "latency: the paper's objective L (formula 2); simulation: the best simulated of each "
+                  "micro-batch size's 8 best plans by L.")
 
 
 def main(argv):
@@ -39,7 +50,8 @@ def main(argv):
         raise ValueError("--global_batch_size is required")
     profile = load_profile(FLAGS.profile)
     cluster = load_cluster(FLAGS.cluster, num_servers=FLAGS.num_servers, num_devices=FLAGS.num_devices)
-    options = {"optimizer_multiplier": FLAGS.optimizer_multiplier, "max_stages": FLAGS.max_stages}
+    options = {"optimizer_multiplier": FLAGS.optimizer_multiplier, "max_stages": FLAGS.max_stages,
+               "select": FLAGS.select, "profile_memory": FLAGS.profile_memory}
     if FLAGS.micro_batch_sizes:
         try:
             options["micro_batch_sizes"] = [int(x) for x in FLAGS.micro_batch_sizes]
@@ -50,7 +62,10 @@ def main(argv):
         if FLAGS.num_processes < 1 or batch_size % FLAGS.num_processes:
             raise ValueError(f"--global_batch_size={batch_size} must be a multiple of --num_processes={FLAGS.num_processes}")
         batch_size //= FLAGS.num_processes
-    plans = plan_all(profile, cluster, batch_size, planner=FLAGS.planner, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.formatwarning = lambda message, category, *_: f"warning: {message}\n"
+        plans = plan_all(profile, cluster, batch_size, planner=FLAGS.planner, **options)
     if FLAGS.backend == "horovod":
         from planner.horovod_plan import per_process_plan
 

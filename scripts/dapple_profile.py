@@ -36,6 +36,9 @@ flags.DEFINE_integer("warmup", 2, "Untimed runs before timing each layer.")
 flags.DEFINE_integer("runs", 5, "Timed runs per layer (the median is kept).")
 flags.DEFINE_enum("clock", "wall", ["wall", "cpu"], "wall: elapsed time; cpu: process CPU time (shared machines).")
 flags.DEFINE_integer("threads", 0, "TF intra/inter-op threads (0: TF's default).")
+flags.DEFINE_bool("profile_memory", False,
+                  "Also measure one training step's peak memory with TF's allocator statistics (step_peak_bytes; "
+                  "the BFC allocator is used on CPU). Per-layer kept-for-backward bytes are always recorded.")
 
 
 def main(argv):
@@ -47,6 +50,10 @@ def main(argv):
         raise ValueError("--output is required (.pb, .pbtxt, .json or .txt)")
     if FLAGS.batch_size < 1 or FLAGS.runs < 1 or FLAGS.warmup < 0:
         raise ValueError("--batch_size and --runs must be >= 1 and --warmup >= 0")
+    if FLAGS.profile_memory:
+        import os  # pylint: disable=import-outside-toplevel
+
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # read when TensorFlow starts, below
     import models
     import profiler
     from profiler.io import check_writable
@@ -74,7 +81,7 @@ def main(argv):
               file=sys.stderr, flush=True)
 
     options = dict(warmup=FLAGS.warmup, runs=FLAGS.runs, clock=FLAGS.clock, threads=FLAGS.threads,
-                   progress=progress, model_name=model_name, layers=layers)
+                   progress=progress, model_name=model_name, layers=layers, step_memory=FLAGS.profile_memory)
     if FLAGS.model_fn:
         profile = profiler.profile_model(model_fn, lambda: user_model.placeholders_like(values), values,
                                          FLAGS.batch_size, FLAGS.device, **options)

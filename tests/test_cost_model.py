@@ -105,6 +105,9 @@ def test_memory_and_pruning():
     p = cm.Prefix(tiny())
     # params 15 B x (2 + 2) + 2 in flight x 3 samples x 60 B
     assert cm.memory_bytes(p, 0, 3, 3, 2, 2.0) == pytest.approx(60 + 360)
+    # With 4 micro-batches: + the largest layer's gradient (c: 10 B, accumulation) + the inputs the
+    # layers read for all 4 slices (none here).
+    assert cm.memory_bytes(p, 0, 3, 3, 2, 2.0, num_micro_batches=4) == pytest.approx(60 + 10 + 360)
     est = evaluate(tiny(), p, CLUSTER, [(0, 3, (0,))], 40, 20, Options(overhead_ms=0.0))
     assert est.violation.startswith("stage 0 (layers 0..2) needs")  # 60 + 20*60 > 1000 B
     assert not est.feasible
@@ -120,3 +123,16 @@ def test_memory_and_pruning():
 ])
 def test_placement_policies(used, count, policy, expected):
     assert place(used, count, 2, policy) == expected
+
+
+def test_input_nodes_cost_nothing_and_their_bytes_are_held_for_the_global_batch():
+    # `x` (an Input node: 7 ms, 100 B per sample) feeds a and c: no compute, no cut bytes, not
+    # kept; its bytes count on its first consumer's stage for all of the stage's slices (M x slice).
+    text = (NODE.format("x", 7, 0, 100, 0).replace("-- x --", "-- Input0 --") + NODE.format("a", 1, 2, 10, 5)
+            + NODE.format("c", 3, 6, 30, 10) + "\tx -- a\n\ta -- c\n\tx -- c\n")
+    m = ModelProfile.from_proto(parse_pipedream(text, batch_size=1))
+    assert m.is_input == [True, False, False] and m.forward_ms[0] == 0 and m.kept_bytes[0] == 0
+    p = cm.Prefix(m)
+    assert p.cut == [0.0, 0.0, 10.0, 0.0]
+    assert m.input_bytes == [0.0, 100.0, 0.0]
+    assert cm.memory_bytes(p, 0, 2, 3, 2, 0.0, num_micro_batches=4) == pytest.approx(2 * 5 + 5 + 2 * 3 * 10 + 4 * 3 * 100)

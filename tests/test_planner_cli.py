@@ -19,8 +19,7 @@ def test_plan_all_writes_json(tmp_path):
     for name in ("dp ", "dp_overlap", "straight", "gpipe", "pipedream", "dapple"):
         assert name in r.stdout
     plan = json.load(open(out))
-    assert plan["planner"] == "dapple" and len(plan["stages"]) == 1
-    assert len(plan["stages"][0]["device_ids"]) == 16
+    assert plan["planner"] == "dapple" and sum(len(s["device_ids"]) for s in plan["stages"]) == 16
     assert plan["global_batch_size"] == plan["micro_batch_size"] * plan["num_micro_batches"]
 
 
@@ -57,3 +56,18 @@ def test_local_cluster_num_devices(tmp_path):
     plan = json.load(open(out))
     assert plan["cluster"]["num_servers"] == 1 and plan["cluster"]["devices_per_server"] == 3
     assert sorted(d for s in plan["stages"] for d in s["device_ids"]) == [0, 1, 2]
+
+
+def test_memory_input_and_warnings():
+    bert = PROFILES + "bert-48-pbs-2.txt"
+    r = run(f"--profile={bert}", "--global_batch_size=64", "--cluster=paper_b")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("memory figures are a lower bound") == 1
+    r = run(f"--profile={bert}", "--global_batch_size=64", "--cluster=paper_b", "--profile_memory=11.4GB")
+    assert r.returncode == 0, r.stderr
+    assert "lower bound" not in r.stderr and "shape: straight (16 stages)" in r.stdout
+    r = run(f"--profile={bert}", "--global_batch_size=64", "--cluster=paper_a", "--profile_memory=11.4GB")
+    # Formula 2 picks M=4; the simulator finds 23% more and names the phase.
+    assert "warning: bert-48: the chosen plan's analytic 736.58 ms, simulated 908.11 ms (+23.3%): the steady Ts" in r.stderr
+    r = run(f"--profile={bert}", "--global_batch_size=64", "--profile_memory=1GB")
+    assert r.returncode == 1 and "error: " in r.stderr and "is not more than its weights and gradients" in r.stderr

@@ -1,13 +1,16 @@
-"""The paper's Table 4 plan shapes on the shipped profiles (16 devices, the paper's batches),
-planned as the CLI does: the DAPPLE search's best candidates chosen by simulated time
-(planner/api.py, simulate=True); and the paper's ACR values on the paper's own plans.
+"""The paper's Table 4 plan shapes on the shipped profiles (16 devices, the paper's batches), with
+the paper's Table 1 memory figures as the profiles' step memory (shared/profiles/README.md),
+planned as the CLI does: the lowest formula-2 L (the paper's objective), the simulator as a check;
+and the paper's ACR values on the paper's own plans.
 
 Rows this cost model does not reproduce are xfail(strict=True) with the computed plan in the
 reason (analytic L of formula 2 / simulated time, for the chosen plan and for the paper's plan),
-so they start failing (XPASS) if the model changes to reproduce them.
+so they start failing (XPASS) if the model changes to reproduce them. WORKSPACE_NOTES.md
+("Planner fidelity") says why per row.
 """
 
 import functools
+import warnings
 
 import pytest
 
@@ -19,12 +22,15 @@ from planner.profile import ModelProfile, load_profile
 from tests.shared_profiles import PROFILES
 
 GBS = {"vgg-19-pbs-32": 2048, "gnmt-16-pbs-64": 1024, "bert-48-pbs-2": 64}
+TABLE1_MEMORY = {"vgg-19-pbs-32": "5.6GB", "gnmt-16-pbs-64": "3.9GB", "bert-48-pbs-2": "11.4GB"}
 
 
 @functools.lru_cache(maxsize=None)
 def planned(model, cluster, gbs):
     profile = load_profile(PROFILES + model + ".txt")
-    return profile, plan(profile, preset_cluster(cluster), gbs, simulate=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SimulationDisagreement: the reasons below quote both times
+        return profile, plan(profile, preset_cluster(cluster), gbs, simulate=True, profile_memory=TABLE1_MEMORY[model])
 
 
 def shape(p):
@@ -55,49 +61,42 @@ def close(actual, expected):
     return len(actual) == len(expected) and all(abs(a - b) <= 1 for a, b in zip(actual, expected))
 
 
+@pytest.mark.xfail(strict=True, reason="computed 11:5 (A: M=16, L 604.5 / simulated 638.0 ms) and 8:7:1 (B: M=8, "
+                   "L 624.8 / simulated 996.7 ms); DP all-reduces 0.55 GB after the last backward (the runtime "
+                   "does not overlap): best DP L 760.4 (A) and 906.5 ms (B), M=2")
 @pytest.mark.parametrize("cluster", ["paper_a", "paper_b"])
 def test_vgg_dp(cluster):
     profile, p = planned("vgg-19-pbs-32", cluster, 2048)
     assert shape(p) == [16]
-    assert p.estimated_iteration_ms == pytest.approx(590.8, abs=0.1)
 
 
+@pytest.mark.xfail(strict=True, reason="computed 6:9:1 (M=8, L 647.9 / simulated 1065.7 ms); the paper's 15:1 "
+                   "split 13:6 is at best L 800.1 / simulated 800.5 ms (M=32)")
 def test_vgg_config_c_15_1():
     profile, p = planned("vgg-19-pbs-32", "paper_c", 2048)
     assert shape(p) == [15, 1]
-    assert p.num_micro_batches == 4
-    assert p.estimated_iteration_ms == pytest.approx(613.0, abs=0.1)
-    assert p.simulated_iteration_ms == pytest.approx(680.3, abs=0.1)
-
-
-def test_vgg_config_c_split_13_6():
-    # Computed 14:5 weight layers (paper 13:6): the 15:1 concat moves 1/15 of a micro-batch per
-    # link, so the split balances compute (the paper's 13:6 itself: best M=32, L 787.0 ms).
-    profile, p = planned("vgg-19-pbs-32", "paper_c", 2048)
     assert close(split(profile, p, weight_layer), [13, 6])
-    assert split(profile, p, weight_layer) == [14, 5]
 
 
+@pytest.mark.xfail(strict=True, reason="computed 4:4:8 (M=4, L 259.8 / simulated 392.0 ms); the paper's 8:8 "
+                   "split 9:7 is at best L 302.0 / simulated 307.1 ms (M=32)")
 def test_gnmt_config_a_8_8():
     profile, p = planned("gnmt-16-pbs-64", "paper_a", 1024)
     assert shape(p) == [8, 8]
     assert close(split(profile, p, lstm_layer), [9, 7])
-    assert split(profile, p, lstm_layer) == [10, 6]  # M=16, L 261.0 ms, simulated 276.3 ms
 
 
-@pytest.mark.xfail(strict=True, reason="computed 1:3:3:4:5 (M=32, L 413.2 ms, simulated 421.0 ms); the paper's "
-                   "8:8 split 9:7 is at best L 656.8 / simulated 661.9 ms (M=16): each 8-device stage reduces "
-                   "0.58 GB over 25 Gbps (AllReduce 370 and 281 ms); no AllReduce scaling makes it best "
-                   "(AllReduce x0.5: 1:3:3:4:5 again, 358.6 ms simulated vs 476.9; x0.25: DP)")
+@pytest.mark.xfail(strict=True, reason="computed 1:3:4:6:2 (M=4, L 380.2 / simulated 588.2 ms); the paper's "
+                   "8:8 split 9:7 is at best L 663.0 / simulated 668.1 ms (M=32): each 8-device stage reduces "
+                   "0.58 GB over 25 Gbps")
 def test_gnmt_config_b_8_8():
     profile, p = planned("gnmt-16-pbs-64", "paper_b", 1024)
     assert shape(p) == [8, 8]
 
 
-@pytest.mark.xfail(strict=True, reason="computed 1:3:3:4:5 (M=16, L 571.8 ms, simulated 608.6 ms); straight "
-                   "plans are bound by LSTM node92 (backward 31.0 ms at batch 64, other decoder LSTMs 8.5 ms): "
-                   "the best straight L 709.3 / simulated 717.4 ms (M=64), one LSTM per device L 1033 ms; "
-                   "see test_gnmt_profile_with_regular_last_lstm")
+@pytest.mark.xfail(strict=True, reason="computed 1:2:3:1:9 (M=2, L 529.5 / simulated 1131.2 ms); the best "
+                   "straight plan L 682.5 / simulated 688.3 ms (M=128) is bound by LSTM node92 (backward 31.0 ms "
+                   "at batch 64, other decoder LSTMs 8.5 ms)")
 def test_gnmt_config_c_straight():
     profile, p = planned("gnmt-16-pbs-64", "paper_c", 1024)
     assert shape(p) == [1] * 16
@@ -106,17 +105,25 @@ def test_gnmt_config_c_straight():
 def test_bert_config_a_8_8():
     profile, p = planned("bert-48-pbs-2", "paper_a", 64)
     assert shape(p) == [8, 8]
+    assert p.num_micro_batches == 4 and p.estimated_iteration_ms == pytest.approx(736.6, abs=0.1)
+
+
+@pytest.mark.xfail(strict=True, reason="computed 8:8 split 25:23 encoder layers (M=4, L 736.6 / simulated 908.1 "
+                   "ms); the paper's 23:25 is at best L 821.8 / simulated 831.8 ms (M=8): the profile's 48 "
+                   "encoder layers are identical and the embeddings have no backward time")
+def test_bert_config_a_split_23_25():
+    profile, p = planned("bert-48-pbs-2", "paper_a", 64)
     assert close(split(profile, p, encoder_layer), [23, 25])
-    # Computed 24:24 (M=8, L 781.8 ms, simulated 800.0 ms); the profile's layers are identical and
-    # the embeddings have no backward time; the paper's 23:25: L 806.9 / simulated 816.9 ms.
-    assert split(profile, p, encoder_layer) == [24, 24]
 
 
 @pytest.mark.parametrize("cluster", ["paper_b", "paper_c"])
 def test_bert_straight(cluster):
     profile, p = planned("bert-48-pbs-2", cluster, 64)
     assert shape(p) == [1] * 16
-    assert sum(split(profile, p, encoder_layer)) == 48
+    assert split(profile, p, encoder_layer) == [3] * 16
+    # Stage 0, 16 in flight: 0.64 GB of weights, gradients and optimizer state, one layer's gradient
+    # (accumulation), 16 x 3 layers' kept bytes (Table 1: 3.14 GB per sample over 48 layers).
+    assert p.num_micro_batches == 64 and max(p.device_peak_memory_bytes) == pytest.approx(12.42e9, rel=0.01)
 
 
 # --- ACR (Table 4's last column) on the paper's own plans -----------------------------------
@@ -178,11 +185,11 @@ def test_acr_links_are_per_device_pair():
     shared = paper_plan("gnmt-16-pbs-64", "paper_a", 9, 8, is_lstm, 64, link_contention=True)
     assert shared.comm[0] == pytest.approx(8 * a.comm[0])
     # VGG-19 15:1 split 13:6: ACR 0.16 on config A (section 6.4) and 0.40 on config C, the ratio of
-    # the links' bandwidths (25 vs 10 Gbps); ours 0.110 and 0.274.
+    # the links' bandwidths (25 vs 10 Gbps); ours 0.111 and 0.278.
     vgg_a = paper_plan("vgg-19-pbs-32", "paper_a", 13, 15, is_weight, 64)
     vgg_c = paper_plan("vgg-19-pbs-32", "paper_c", 13, 15, is_weight, 64)
     assert vgg_a.acr / vgg_c.acr == pytest.approx(10 / 25)
-    assert vgg_c.acr == pytest.approx(0.274, abs=0.001)
+    assert vgg_c.acr == pytest.approx(0.278, abs=0.001)
 
 
 def test_acr_picks_the_papers_policies():
@@ -193,16 +200,22 @@ def test_acr_picks_the_papers_policies():
 
 def test_gnmt_profile_with_regular_last_lstm():
     # The shipped GNMT-16 profile's last LSTM (node92) has a 31.0 ms backward at batch 64 where
-    # the other decoder LSTMs have 8.5 ms. At 8.5 ms config A gives the paper's 8:8 split 9:7, and
-    # config C a straight pipeline (15 stages: the 16th device doubles the empty input stage).
+    # the other decoder LSTMs have 8.5 ms. At 8.5 ms config C gives a straight pipeline (15 stages:
+    # the 16th device doubles the empty input stage); on config A formula 2 prefers 3:5:8 at M=16
+    # (L 246.8 / simulated 279.1 ms) while the paper's 8:8 split 9:7 (M=32, L 256.1 / simulated
+    # 261.2 ms) is what the simulator picks.
     profile = load_profile(PROFILES + "gnmt-16-pbs-64.txt")
     (last,) = [l for l in profile.layers if l.name == "node92"]
     assert last.backward_ms == pytest.approx(30.973)
     last.backward_ms = 8.485
-    p = plan(profile, preset_cluster("paper_a"), 1024, simulate=True)
-    assert shape(p) == [8, 8] and split(profile, p, lstm_layer) == [9, 7]
-    assert p.estimated_iteration_ms == pytest.approx(250.4, abs=0.1)
-    p = plan(profile, preset_cluster("paper_c"), 1024, simulate=True)
-    weighted = [len(s.device_ids) for s in p.stages if s.parameter_bytes > 0]
-    assert weighted == [1] * len(weighted) and len(p.stages) == 15
-    assert p.simulated_iteration_ms == pytest.approx(452.8, abs=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = plan(profile, preset_cluster("paper_c"), 1024, simulate=True, profile_memory="3.9GB")
+        weighted = [len(s.device_ids) for s in p.stages if s.parameter_bytes > 0]
+        assert weighted == [1] * len(weighted) and len(p.stages) == 15
+        assert p.estimated_iteration_ms == pytest.approx(427.0, abs=0.1)
+        p = plan(profile, preset_cluster("paper_a"), 1024, simulate=True, profile_memory="3.9GB")
+        assert shape(p) == [3, 5, 8] and p.estimated_iteration_ms == pytest.approx(246.8, abs=0.1)
+        p = plan(profile, preset_cluster("paper_a"), 1024, simulate=True, profile_memory="3.9GB", select="simulation")
+        assert shape(p) == [8, 8] and split(profile, p, lstm_layer) == [9, 7]
+        assert p.simulated_iteration_ms == pytest.approx(261.2, abs=0.1)

@@ -75,7 +75,11 @@ def test_load_profile_proto(tmp_path, ext):
 def test_model_profile_per_sample():
     m = ModelProfile.from_proto(read_pipedream(PROFILES + "vgg-19-pbs-32.txt"))
     assert m.forward_ms[1] == pytest.approx(3.4 / 32)
-    assert m.last_use[0] == 1 and m.last_use[25] == 25
+    assert m.last_use[1] == 2 and m.last_use[25] == 25
+    # The graph input (node1, `Input`: 3.4 ms forward, 19 MB) is not a layer: no cost, crosses no cut.
+    assert m.is_input[0] and not any(m.is_input[1:])
+    assert m.forward_ms[0] == 0 and m.kept_bytes[0] == 0 and m.last_use[0] == 0
+    assert m.memory_source == "lower_bound" and m.kept_bytes[1] == pytest.approx(384e6 / 32)
 
 
 def test_proto_cycle_names_layers(tmp_path):

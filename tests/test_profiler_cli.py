@@ -36,3 +36,20 @@ def test_bad_input_fails_with_one_clear_line(args, message, tmp_path):
     assert message.replace("OUT", str(tmp_path)) in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "p.pbtxt").exists()
+
+
+def test_profile_memory_records_kept_bytes_and_the_step_peak(tmp_path):
+    from planner.profile import ModelProfile
+
+    out = tmp_path / "mlp-pbs-8.pbtxt"
+    result = _run("--model=mlp", "--model_flags=hidden=16:8", "--batch_size=8", "--runs=1", "--warmup=0",
+                  "--profile_memory", f"--output={out}")
+    assert result.returncode == 0, result.stderr
+    profile = profiler.read_profile(str(out))
+    kept = [layer.backward_kept_bytes for layer in profile.layers]
+    # dense_0's backward reads at least its input (8 x 64 floats) and its ReLU output (8 x 16).
+    assert kept[0] >= 8 * 64 * 4 + 8 * 16 * 4 and kept[1] >= 8 * 16 * 4 + 8 * 8 * 4
+    params = sum(layer.parameter_bytes for layer in profile.layers)
+    # The step peak holds the weights, their gradients and more (BFC allocator statistics).
+    assert profile.step_peak_bytes > 2 * params
+    assert ModelProfile.from_proto(profile).memory_source == "step"

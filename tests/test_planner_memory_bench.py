@@ -1,0 +1,20 @@
+"""The planner's memory model against the runtime (scripts/bench_planner_memory.py): estimated
+per-device peak of a 2-stage plan within 25% of the peak measured in a traced pipelined step."""
+
+import json
+
+import pytest
+
+from tests.programs import run_program
+
+
+def test_estimated_peak_within_25_percent_of_measured(tmp_path):
+    out = tmp_path / "rows.json"
+    r = run_program("bench_planner_memory", "--models=mlp,vgg19", f"--json={out}")
+    assert r.returncode == 0, r.stderr
+    rows = json.load(open(out))
+    assert [row["model"] for row in rows] == ["mlp", "vgg19"]
+    for row in rows:
+        assert row["memory_source"] == "step"
+        for est, meas in zip(row["estimated"], row["measured"]):
+            assert meas > 0 and 0.75 <= est / meas <= 1.25, row

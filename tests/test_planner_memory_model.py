@@ -1,0 +1,99 @@
+"""The planner's memory model (planner/memory_model.py): kept bytes from a step memory figure,
+from measured kept bytes, or the output-bytes lower bound (with a warning)."""
+
+import warnings
+
+import pytest
+
+from planner import cost_model as cm
+from planner.api import MemoryLowerBoundWarning, PlanningError, plan
+from planner.cluster import make_cluster, preset_cluster
+from planner.memory_model import MemoryInputError, kept_bytes_per_sample, parse_size, side_file_memory
+from planner.profile import ModelProfile, load_profile
+from tests.shared_profiles import PROFILES
+
+BERT = PROFILES + "bert-48-pbs-2.txt"
+
+
+def test_parse_size():
+    assert parse_size("11.4GB") == pytest.approx(11.4e9)
+    assert parse_size("2GiB") == 2 * 2**30 and parse_size("4096") == 4096
+    with pytest.raises(MemoryInputError, match=r"cannot read memory size '11\.4XB'"):
+        parse_size("11.4XB")
+
+
+def test_step_memory_spread_over_layers_by_output_bytes():
+    # Table 1: BERT-48 11.4 GB at batch 2; weights + gradients 2 x 2.55 GB; the rest is what the
+    # step keeps for backward, spread in proportion to each layer's output bytes.
+    model = ModelProfile.from_proto(load_profile(BERT), 11.4e9)
+    params = sum(model.parameter_bytes)
+    assert model.memory_source == "step"
+    assert 2 * sum(model.kept_bytes) == pytest.approx(11.4e9 - 2 * params)
+    ratio = model.kept_bytes[10] / model.activation_bytes[10]
+    assert all(k == pytest.approx(ratio * a) for k, a in zip(model.kept_bytes, model.activation_bytes))
+
+
+def test_measured_kept_bytes_are_the_weights_of_the_spread():
+    kept, source = kept_bytes_per_sample([10, 10], [30, 10], [0, 0], [False, False], 2, None)
+    assert source == "measured" and kept == [15, 5]
+    kept, source = kept_bytes_per_sample([10, 10], [30, 10], [5, 5], [False, False], 2, 100)
+    assert source == "step" and kept == [(100 - 20) * 0.75 / 2, (100 - 20) * 0.25 / 2]
+
+
+def test_step_memory_below_the_weights_is_an_error():
+    with pytest.raises(PlanningError, match=r"step memory 1 GB at batch 2 is not more than its weights and gradients"):
+        plan(load_profile(BERT), preset_cluster("paper_a"), 64, profile_memory="1GB")
+
+
+def test_no_memory_input_warns_once_that_memory_is_a_lower_bound():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan(load_profile(BERT), preset_cluster("paper_c"), 64)
+    lower = [w for w in caught if issubclass(w.category, MemoryLowerBoundWarning)]
+    assert len(lower) == 1 and "are a lower bound" in str(lower[0].message)
+
+
+def test_memory_input_changes_what_fits():
+    # Stage memory = (2 + 2) x params + K x slice x kept bytes: with Table 1's figure one BERT-48
+    # sample keeps 3.14 GB, so data parallelism with slices of 2 no longer fits a 15 GiB V100.
+    model = ModelProfile.from_proto(load_profile(BERT), 11.4e9)
+    prefix = cm.Prefix(model)
+    n = model.num_layers
+    assert prefix.kept_per_sample(0, n) == pytest.approx((11.4e9 - 2 * sum(model.parameter_bytes)) / 2)
+    need = cm.memory_bytes(prefix, 0, n, 2, 1)
+    assert need == pytest.approx(4 * sum(model.parameter_bytes) + 11.4e9 - 2 * sum(model.parameter_bytes))
+    assert need > 15 * 2**30
+
+
+def test_side_file(tmp_path):
+    profile = tmp_path / "m-pbs-2.txt"
+    assert side_file_memory(str(profile)) is None
+    (tmp_path / "m-pbs-2.txt.memory").write_text("3.9GB\n")
+    assert side_file_memory(str(profile)) == pytest.approx(3.9e9)
+
+
+def test_recompute_keeps_boundary_inputs_per_micro_batch_and_one_full_micro_batch():
+    model = ModelProfile.from_proto(load_profile(BERT), 11.4e9)
+    prefix = cm.Prefix(model)
+    params = prefix.parameter_bytes(10, 20)
+    largest = prefix.largest_layer_parameters(10, 20)
+    plain = cm.memory_bytes(prefix, 10, 20, 2, 3, 2.0, num_micro_batches=8)
+    rc = cm.memory_bytes(prefix, 10, 20, 2, 3, 2.0, num_micro_batches=8, recompute=True)
+    assert plain == pytest.approx(4 * params + largest + 3 * 2 * prefix.kept_per_sample(10, 20))
+    assert rc == pytest.approx(4 * params + largest + 3 * 2 * prefix.cut[10] + 2 * prefix.kept_per_sample(10, 20))
+
+
+def test_recompute_is_chosen_when_nothing_fits_without_it():
+    # BERT-48 (Table 1 memory) on 16 single-device servers of 4 GiB: no plan without
+    # re-computation is found; with it, 8:2:2:2:2 at M=8, every backward recomputing its forward.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = plan(load_profile(BERT), make_cluster("t", 16, 1, 4 * 2**30, 3.125e9, 3.125e9), 64,
+                 profile_memory="11.4GB")
+    assert [len(s.device_ids) for s in p.stages] == [8, 2, 2, 2, 2] and p.num_micro_batches == 8
+    assert all(s.recompute for s in p.stages)
+    assert max(p.device_peak_memory_bytes) <= 4 * 2**30
+    model = ModelProfile.from_proto(load_profile(BERT), 11.4e9)
+    s = p.stages[1]
+    plain = cm.stage_backward_ms(cm.Prefix(model), s.first_layer, s.last_layer + 1, 8, 2)
+    assert s.backward_ms == pytest.approx(plain + s.forward_ms - cm.PASS_OVERHEAD_MS)  # + the recomputed forward
