@@ -13,7 +13,6 @@ distributed executor cost, not network bandwidth.
 import os
 import subprocess
 import sys
-import time
 
 from absl import flags
 
@@ -35,22 +34,12 @@ PLANS = {
 }
 
 
-def _median_step_s(sess, train_op, steps):
-    for _ in range(3):
-        sess.run(train_op)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        sess.run(train_op)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
-
 def measure(stages, device_name, target, config):
     import tensorflow as tf
 
     import dapple_tf
     import models
+    from profiler.timing import median_run_ms
 
     spec = models.get_model("mlp", "tiny", hidden=[FLAGS.hidden] * 4)
     m = 1 if len(stages) == 1 else FLAGS.num_micro_batches
@@ -61,7 +50,7 @@ def measure(stages, device_name, target, config):
                                           tf.compat.v1.train.GradientDescentOptimizer(0.01), plan)
         with tf.compat.v1.Session(target, config=config) as sess:
             sess.run(handle.initializer)
-            return _median_step_s(sess, handle.train_op, FLAGS.steps)
+            return median_run_ms(sess, handle.train_op, warmup=3, runs=FLAGS.steps) / 1e3
 
 
 def chief():

@@ -15,7 +15,6 @@ All processes share this machine's cores: the differences are runtime overheads,
 import os
 import subprocess
 import sys
-import time
 
 from absl import flags
 
@@ -29,17 +28,6 @@ flags.DEFINE_enum("role", None, ["single", "horovod", "grpc"], "Internal: run on
 
 M = 4
 STAGES = [(0, 1), (2, 4)]  # MLP layers dense_0..dense_3, head
-
-
-def _median_step_s(sess, train_op):
-    for _ in range(3):
-        sess.run(train_op)
-    times = []
-    for _ in range(FLAGS.steps):
-        start = time.perf_counter()
-        sess.run(train_op)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 def _virtual_cpus(n):
@@ -56,6 +44,7 @@ def measure(role):
 
     import dapple_tf
     import models
+    from profiler.timing import median_run_ms
 
     spec = models.get_model("mlp", "tiny", hidden=[FLAGS.hidden] * 4)
     optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.01)
@@ -98,7 +87,7 @@ def measure(role):
             sess.run(handle.initializer)
             for op in after_init:
                 sess.run(op)
-            return _median_step_s(sess, handle.train_op)
+            return median_run_ms(sess, handle.train_op, warmup=3, runs=FLAGS.steps) / 1e3
 
 
 def _run(command):
