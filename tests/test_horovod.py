@@ -114,3 +114,21 @@ def test_plans_that_span_servers_are_refused():
         horovod_plan.num_processes(plan)
     with pytest.raises(horovod_plan.HorovodPlanError, match="planned for one server"):
         horovod_plan.per_process_plan(plan, 2)
+
+
+def test_a_plan_for_devices_this_process_lacks_is_a_clear_error():
+    import horovod.tensorflow as hvd
+
+    from dapple_tf.horovod import HorovodPipeline
+
+    hvd.init()  # without horovodrun: one process
+    gpus = clusters.make_cluster("gpus", 1, 3, 16e9, 1e11, 1e10, device_names=[f"/device:GPU:{i}" for i in range(3)])
+    plan = plan_pb2.Plan(model_name="user_model", planner="manual", cluster=gpus,
+                         global_batch_size=8, micro_batch_size=4, num_micro_batches=2, schedule=plan_pb2.DAPPLE)
+    plan.stages.add(first_layer=0, last_layer=0, layer_names=["encode"], device_ids=[0, 1])
+    plan.stages.add(first_layer=1, last_layer=1, layer_names=["decode"], device_ids=[2])
+    pipeline = HorovodPipeline(horovod_plan.per_process_plan(plan, 1))
+    with tf.Graph().as_default(), pytest.raises(dapple_tf.PlanError,
+                                                match=r"the plan uses devices \['/device:GPU:0', '/device:GPU:1', "
+                                                      r"'/device:GPU:2'\] that this process does not have"):
+        pipeline.build(user_model.model_fn, *user_model.input_fn(0, 8), tf.compat.v1.train.GradientDescentOptimizer(0.1))
