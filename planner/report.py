@@ -11,12 +11,18 @@ GIB = float(1 << 30)
 
 
 def _shape(plan: plan_pb2.Plan) -> str:
+    """"8:8", "DP", "straight (4 stages)"; "+RC" when every stage re-computes, "+RC[0,2]" when some do."""
     reps = [len(s.device_ids) for s in plan.stages]
     if len(reps) == 1:
-        return "DP" if reps[0] > 1 else "single device"
-    if all(r == 1 for r in reps):
-        return f"straight ({len(reps)} stages)"
-    return ":".join(str(r) for r in reps)
+        shape = "DP" if reps[0] > 1 else "single device"
+    elif all(r == 1 for r in reps):
+        shape = f"straight ({len(reps)} stages)"
+    else:
+        shape = ":".join(str(r) for r in reps)
+    rc = [i for i, s in enumerate(plan.stages) if s.recompute]
+    if rc:
+        shape += " +RC" if len(rc) == len(reps) else " +RC[" + ",".join(map(str, rc)) + "]"
+    return shape
 
 
 def summarize(plan: plan_pb2.Plan) -> str:
@@ -35,7 +41,8 @@ def summarize(plan: plan_pb2.Plan) -> str:
         lines.append(
             f"  stage {i}: layers {s.first_layer}-{s.last_layer} ({span}), devices {dev_text} (x{len(devs)}), "
             f"K={s.warmup_micro_batches}, F={s.forward_ms:.2f} ms, B={s.backward_ms:.2f} ms, "
-            f"AllReduce={s.allreduce_ms:.2f} ms, params={s.parameter_bytes / 1e6:.1f} MB")
+            f"AllReduce={s.allreduce_ms:.2f} ms, params={s.parameter_bytes / 1e6:.1f} MB"
+            + (", re-computes its forward in backward" if s.recompute else ""))
     peak = max(plan.device_peak_memory_bytes, default=0.0)
     lines.append(
         f"  L = {plan.estimated_iteration_ms:.2f} ms = Tw {plan.warmup_ms:.2f} + Ts {plan.steady_ms:.2f} + "

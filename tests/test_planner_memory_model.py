@@ -10,6 +10,7 @@ from planner.api import MemoryLowerBoundWarning, PlanningError, plan
 from planner.cluster import make_cluster, preset_cluster
 from planner.memory_model import MemoryInputError, kept_bytes_per_sample, parse_size, side_file_memory
 from planner.profile import ModelProfile, load_profile
+from planner.schemas import plan_pb2
 from tests.shared_profiles import PROFILES
 
 BERT = PROFILES + "bert-48-pbs-2.txt"
@@ -97,3 +98,22 @@ def test_recompute_is_chosen_when_nothing_fits_without_it():
     s = p.stages[1]
     plain = cm.stage_backward_ms(cm.Prefix(model), s.first_layer, s.last_layer + 1, 8, 2)
     assert s.backward_ms == pytest.approx(plain + s.forward_ms - cm.PASS_OVERHEAD_MS)  # + the recomputed forward
+
+
+def test_a_model_that_fits_keeps_recompute_off_and_reports_show_the_choice():
+    from planner.report import _shape, comparison_table, summarize
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fits = plan(load_profile(BERT), make_cluster("t", 16, 1, 16 * 2**30, 3.125e9, 3.125e9), 64,
+                    profile_memory="11.4GB")
+        tight = plan(load_profile(BERT), make_cluster("t", 16, 1, 4 * 2**30, 3.125e9, 3.125e9), 64,
+                     profile_memory="11.4GB")
+    assert not any(s.recompute for s in fits.stages) and "+RC" not in _shape(fits)
+    assert _shape(tight) == "8:2:2:2:2 +RC"
+    assert "8:2:2:2:2 +RC" in comparison_table({"dapple": tight})
+    assert summarize(tight).count("re-computes its forward in backward") == 5
+    partial = plan_pb2.Plan()
+    partial.stages.add(device_ids=[0])
+    partial.stages.add(device_ids=[1], recompute=True)
+    assert _shape(partial) == "straight (2 stages) +RC[1]"
