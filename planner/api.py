@@ -229,13 +229,24 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
         best, bad = best_estimate("dapple", model, prefix, cluster, global_batch_size, opts, sizes,
                                   float("inf") if use_sim else floor, top)
         best = best or seed
-        if opts.recompute is None and best is None and not base:
-            # Re-computation (issue 12) when no plan fits without it: every stage keeps only its
-            # boundary inputs per in-flight micro-batch and recomputes its forward in its backward.
-            # (Searching it always, for plans it makes faster through larger micro-batches, tripled
-            # GNMT-16's planning time; Options(recompute=True) searches only such plans.)
+        large = cluster.num_servers * cluster.devices_per_server > LARGE_CLUSTER_DEVICES
+        if opts.recompute is None and not use_sim and not (large and best is not None):
+            # Re-computation (issue 12): every stage keeps only its boundary inputs per in-flight
+            # micro-batch and recomputes its forward in its backward. Searched when no plan fits
+            # without it, and otherwise over the micro-batch sizes larger than the best plan's only,
+            # bounded by its L: RC adds time, so it wins only where those sizes do not fit without it.
+            # (Searching every size tripled GNMT-16's planning time; Options(recompute=True) searches
+            # only RC plans.)
             rc_opts = Options(**{**opts.__dict__, "recompute": True})
-            best, _ = best_estimate("dapple", model, prefix, cluster, global_batch_size, rc_opts, sizes, floor)
+            incumbent = best or min(base, key=lambda r: r.latency, default=None)
+            if incumbent is None:
+                best, _ = best_estimate("dapple", model, prefix, cluster, global_batch_size, rc_opts, sizes, floor)
+            else:
+                larger = [size for size in sizes if size > incumbent.micro_batch_size]
+                faster, _ = best_estimate("dapple", model, prefix, cluster, global_batch_size, rc_opts, larger,
+                                          incumbent.latency) if larger else (None, None)
+                if faster is not None and faster.latency < incumbent.latency:
+                    best = faster
         if use_sim and (top.plans or base):
             best, simulated = choose_by_simulation(top.plans + base, model, cluster, global_batch_size,
                                                    opts.link_contention)
