@@ -40,7 +40,7 @@ smallest micro-batch always best.
 from __future__ import annotations
 
 import math
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from planner.model_profile import ModelProfile
 
@@ -272,18 +272,54 @@ def pivot_stage(forward: Sequence[float], backward: Sequence[float], num_micro_b
     return q
 
 
-def pipeline_latency(forward: Sequence[float], backward: Sequence[float], allreduce: Sequence[float],
-                     num_micro_batches: int) -> Tuple[float, float, float, float, int]:
-    """(L, Tw, Ts, Te, Q) of paper formula 2 over all stages (communication stages included,
-    with allreduce 0). `allreduce[s]` is what stage s's gradient sync adds after its last backward.
+def pivot_wait_ms(forward: Sequence[float], backward: Sequence[float], q: int, num_micro_batches: int,
+                  warmup: Optional[int] = None) -> float:
+    """How long the pivot Q waits for the stages after it (the 'internal bubbles' formula 2 leaves out).
 
+    RT = sum_{s>Q} (F_s + B_s) is one micro-batch's round trip from the end of Q's forward to its
+    gradient's arrival. With K = min(K_Q, M) warm-up forwards, Q's first backward waits
+    RT - (K-1) F_Q (the other warm-up forwards fill the rest). With M > K there is more: each of the
+    M - K steady cycles waits RT / (K-1) - (F_Q + B_Q) (a micro-batch's forward and backward on Q are
+    K-1 cycles apart, which must cover its round trip: slow links under policy A), and the last
+    backward waits RT - (K-1) B_Q (only the K-1 backwards before it fill the trip). None is negative.
+    K_Q defaults to policy A's: the number of computation stages from Q on (computation and
+    communication stages alternate). A communication stage as pivot has its sender's K (what the
+    sender has in flight is what the link can move while one micro-batch is away).
+    """
+    trip = sum(forward[q + 1:]) + sum(backward[q + 1:])
+    if trip <= 0.0:
+        return 0.0
+    k = warmup if warmup is not None else (len(forward) - (q - q % 2) + 1) // 2
+    k = max(1, min(k, num_micro_batches))
+    f, b = forward[q], backward[q]
+    wait = max(0.0, trip - (k - 1) * f)
+    if num_micro_batches > k:
+        cycle_wait = trip if k == 1 else max(0.0, trip / (k - 1) - (f + b))
+        wait += (num_micro_batches - k) * cycle_wait + max(0.0, trip - (k - 1) * b)
+    return wait
+
+
+def pipeline_latency(forward: Sequence[float], backward: Sequence[float], allreduce: Sequence[float],
+                     num_micro_batches: int, warmup: Optional[Sequence[int]] = None
+                     ) -> Tuple[float, float, float, float, int]:
+    """(L, Tw, Ts, Te, Q) of paper formula 2 over all stages (communication stages included,
+    with allreduce 0). `allreduce[s]` is what stage s's gradient sync adds after its last backward;
+    `warmup[i]` is computation stage i's K_i (default: policy A).
+
+    Tw = sum_{s<=Q} F_s. Ts = (M-1)(F_Q+B_Q) + pivot_wait_ms: the wait is ours. The paper's Ts
+    leaves out the pivot's waits for the stages after it (it calls them the pivot's internal bubbles);
+    they are zero when Q is the last stage (the paper's Fig. 4), but with Q earlier and few
+    micro-batches they are most of the pipeline's fill: without them formula 2 prefers M=2..4 with
+    the heaviest stage first, plans that simulate 23-114% slower than their L (WORKSPACE_NOTES.md,
+    "Planner fidelity").
     Te = max over s of: s <= Q: AR_s + sum_{a=s..Q} B_a; s > Q: AR_s - sum_{a=Q+1..s-1} B_a
     (a stage after Q finished its last backward that long before Q's last backward began; the
     paper prints the sum from Q to s, which subtracts B_Q and B_s as well).
     """
     q = pivot_stage(forward, backward, num_micro_batches)
     tw = sum(forward[: q + 1])
-    ts = (num_micro_batches - 1) * (forward[q] + backward[q])
+    k = warmup[q // 2] if warmup is not None else None  # a communication stage: its sender's
+    ts = (num_micro_batches - 1) * (forward[q] + backward[q]) + pivot_wait_ms(forward, backward, q, num_micro_batches, k)
     te = 0.0
     acc = 0.0
     for s in range(q, -1, -1):

@@ -14,10 +14,12 @@ pruned (their K_i only grows as more stages are added); one whose last stage doe
 kept for further splitting but is not a valid plan.
 
 Pruning (prune=True, the default): formula 2 with Algorithm 1 gives L >= M (F_s + B_s) for every
-stage s (checked on random stage lists in tests/test_planner_search.py), so a candidate is skipped
-when M (F+B) of one of its planned stages, or of the fastest possible stage for the remaining
-layers on the remaining devices (M (micro-batch * work / free devices + 2 overhead)), reaches the
-best latency found so far; complete plans are costed as soon as they are generated so that bound
+stage s, and with the pivot's wait (cost_model.pivot_wait_ms) L >= sum_s (F_s + B_s), one micro-batch
+through every stage (both checked on random stage lists in tests/test_planner_search.py), so a
+candidate is skipped when M (F+B) of one of its planned stages, or of the fastest possible stage for
+the remaining layers on the remaining devices (M (micro-batch * work / free devices + 2 overhead)),
+or the F+B of its planned stages plus that fastest remaining stage's, reaches the best latency found
+so far; complete plans are costed as soon as they are generated so that bound
 tightens early. prune=False is the plain memoized search (bound (M-1)(F_s+B_s) of planned stages
 only), the reference the tests compare against.
 
@@ -281,11 +283,15 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
                                                           recompute=recompute) <= mem_cap
         return v
 
-    def rest_bound(c, free):
-        """M (F+B) of the fastest possible stage holding layers [c, n) on `free` devices."""
+    def rest_fill(c, free):
+        """F+B of the fastest possible stage holding layers [c, n) on `free` devices."""
         if not prune or free <= 0:
             return 0.0
-        return m * (mbs * (work[n] - work[c]) / free + 2 * oh)
+        return mbs * (work[n] - work[c]) / free + 2 * oh
+
+    def rest_bound(c, free):
+        """M (F+B) of the fastest possible stage holding layers [c, n) on `free` devices."""
+        return m * rest_fill(c, free)
 
     best: Optional[Estimate] = None
     if top is not None:
@@ -340,6 +346,9 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
             free_total = all_devices - sum(state.used)
             if rest_bound(c, free_total) >= best_l:
                 continue
+            filled = sum(state.fwd) + sum(state.bwd) if prune else 0.0  # L >= the fill of every stage
+            if filled + rest_fill(c, free_total) >= best_l:
+                continue
             # The state as a complete plan.
             res = complete(state, c)
             if res is not None and res[0] < best_l:
@@ -374,6 +383,8 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
                     if steady >= best_l:
                         break
                     if rest_bound(c2, rest_free) >= best_l:
+                        continue
+                    if prune and filled + steady / mult + rest_fill(c2, rest_free) >= best_l:
                         continue
                     if not fits(c, c2, r, min(2, m)):
                         continue

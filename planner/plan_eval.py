@@ -106,7 +106,6 @@ def evaluate(model, prefix: cm.Prefix, cluster, stages, global_batch_size: int, 
             all_f.append(comm[i])
             all_b.append(comm[i])
             all_ar.append(0.0)
-    latency, tw, ts, te, q = cm.pipeline_latency(all_f, all_b, all_ar, m)
     acr = cm.activation_communication_ratio([f + b for f, b in zip(fwd, bwd)], [2 * c for c in comm])
     if schedule == "gpipe":
         chosen = "A"
@@ -119,6 +118,7 @@ def evaluate(model, prefix: cm.Prefix, cluster, stages, global_batch_size: int, 
         chosen = "A"
         counts = warmup_counts(len(stages), chosen, m, options.max_in_flight)
         memory, violation = stage_memory(prefix, cluster, stages, micro_batch_size, counts, options, m)
+    latency, tw, ts, te, q = cm.pipeline_latency(all_f, all_b, all_ar, m, counts)
     return Estimate(stages=[(a, b, tuple(d)) for a, b, d in stages], micro_batch_size=micro_batch_size,
                     num_micro_batches=m, forward=fwd, backward=bwd, allreduce=ar, allreduce_tail=tail, comm=comm,
                     latency=latency, warmup=tw, steady=ts, ending=te, pivot=q, acr=acr, policy=chosen,

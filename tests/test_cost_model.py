@@ -51,6 +51,21 @@ def test_pipeline_latency_parts():
     assert latency == pytest.approx(3.5 + 18 + 9.5)
 
 
+def test_pivot_wait():
+    # Stage 0 (F 2, B 4) is the pivot; the round trip after it (comm 0, stage 1: F 1, B 2) is 3.
+    f, b = [2.0, 0.0, 1.0], [4.0, 0.0, 2.0]
+    assert cm.pivot_wait_ms(f, b, 0, 2, warmup=2) == pytest.approx(1.0)  # 3 - 1 x F0: first backward only
+    assert cm.pivot_wait_ms(f, b, 0, 4, warmup=2) == pytest.approx(1.0)  # the last backward's 3 - B0 < 0
+    # K = 1: every micro-batch waits the whole trip, and the last backward once more.
+    assert cm.pivot_wait_ms(f, b, 0, 4, warmup=1) == pytest.approx(3.0 + 3 * 3.0 + 3.0)
+    assert cm.pivot_wait_ms(f, b, 2, 4) == 0.0  # nothing after the last stage
+    # The first stage heavier than the second: L counts one micro-batch through both stages plus
+    # (M-1) pivot cycles: 2 + 3 x 6 + 1 (wait, policy A's K = 2) + 4 (Te = B0).
+    latency, tw, ts, te, q = cm.pipeline_latency(f, b, [0.0, 0.0, 0.0], 4)
+    assert q == 0 and (tw, ts, te) == (2.0, 19.0, 4.0) and latency == 25.0
+    assert latency >= sum(f) + sum(b)
+
+
 def test_allreduce_flat_and_hierarchical():
     assert cm.allreduce_ms(CLUSTER, [0], 1e9) == 0.0
     assert cm.allreduce_ms(CLUSTER, [0, 1], 1e6) == pytest.approx(1e3 * 1e6 / 1e9)  # 2*(1/2)*B/intra
