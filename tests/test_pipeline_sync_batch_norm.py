@@ -19,13 +19,20 @@ def _variable(name, shape, seed, scale=0.7, trainable=True):
     return tf.compat.v1.get_variable(name, initializer=tf.constant(value), trainable=trainable)
 
 
-def fused_norm(h, name, seed):
-    """Batch norm as tf.compat.v1.nn.fused_batch_norm gives it, moving averages in UPDATE_OPS."""
+def fused_norm(h, name, seed, fused_average=False):
+    """Batch norm as tf.compat.v1.nn.fused_batch_norm gives it, moving averages in UPDATE_OPS: computed by
+    the op itself (exponential_avg_factor) if `fused_average`, else from its statistics."""
     channels = h.shape[-1]
     gamma = _variable(f"{name}/gamma", [channels], seed, 0.3) + 1.0
     beta = _variable(f"{name}/beta", [channels], seed + 1, 0.3)
     moving_mean = _variable(f"{name}/moving_mean", [channels], seed + 2, trainable=False)
     moving_var = tf.compat.v1.get_variable(f"{name}/moving_var", initializer=tf.ones([channels]), trainable=False)
+    if fused_average:
+        y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+            h, gamma, beta, moving_mean, moving_var, epsilon=EPS, is_training=True, exponential_avg_factor=1 - DECAY)
+        for moving, value in ((moving_mean, mean), (moving_var, variance)):
+            tf.compat.v1.add_to_collection(UPDATE_OPS, moving.assign(value))
+        return y
     y, mean, variance = tf.compat.v1.nn.fused_batch_norm(h, gamma, beta, epsilon=EPS, is_training=True)
     for moving, value in ((moving_mean, mean), (moving_var, variance)):
         tf.compat.v1.add_to_collection(UPDATE_OPS, moving.assign_sub((moving - value) * (1 - DECAY)))
@@ -33,13 +40,14 @@ def fused_norm(h, name, seed):
 
 
 def conv_bn_model_fn(features, labels):
-    """conv -> fused BN -> relu -> conv -> fused BN (two norms in the first stage), then a norm and the head."""
+    """conv -> fused BN -> relu -> conv -> fused BN (two norms in the first stage), then a norm computing its
+    own moving averages and the head."""
     with dapple_tf.layer("block1"):
         h = tf.nn.conv2d(features, _variable("w0", [1, 1, 3, C], 0), 1, "SAME")
         h = tf.nn.relu(fused_norm(h, "bn0", 10))
         h = fused_norm(tf.nn.conv2d(h, _variable("w1", [2, 2, C, C], 1), 1, "SAME"), "bn1", 20)
     with dapple_tf.layer("block2"):
-        h = tf.nn.relu(fused_norm(tf.tanh(h), "bn2", 30))
+        h = tf.nn.relu(fused_norm(tf.tanh(h), "bn2", 30, fused_average=True))
     with dapple_tf.layer("head"):
         logits = tf.matmul(tf.reshape(h, [-1, 4 * C]), _variable("w2", [4 * C, 3], 2))
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
@@ -50,19 +58,31 @@ def data(n, seed=3):
     return (rng.randn(n, 2, 2, 3) * 2 + 0.5).astype(np.float32), rng.randint(0, 3, n).astype(np.int32)
 
 
-def reference(model_fn, x, y, steps, parts):
+def _moving_averages():
+    return [v for v in tf.compat.v1.global_variables() if not v.trainable and "moving" in v.op.name]
+
+
+def _load(sess, variables, initial):
+    for v in variables:
+        if v.op.name in initial:
+            v.load(initial[v.op.name], sess)
+
+
+def reference(model_fn, x, y, steps, parts, initial=None):
     """One device, SGD: each step the mean of the gradients of `parts` equal micro-batches run alone, and the
     moving averages moved towards the mean of their statistics (the update is affine in the statistic).
-    Returns (weights, moving averages) by name."""
+    `initial`: values of trainable variables by name. Returns (weights, moving averages) by name."""
     with tf.Graph().as_default():
-        xp, yp = tf.compat.v1.placeholder(tf.float32, [None, 2, 2, 3]), tf.compat.v1.placeholder(tf.int32, [None])
+        xp = tf.compat.v1.placeholder(tf.float32, [None] + list(x.shape[1:]))
+        yp = tf.compat.v1.placeholder(tf.int32, [None])
         loss = model_fn(xp, yp)
         variables = tf.compat.v1.trainable_variables()
-        moving = [v for v in tf.compat.v1.global_variables() if not v.trainable]
+        moving = _moving_averages()
         grads, updates = tf.gradients(loss, variables), tf.compat.v1.get_collection(UPDATE_OPS)
         size = len(x) // parts
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
+            _load(sess, variables, initial or {})
             for _ in range(steps):
                 old, per_part, new_moving = sess.run(variables), [], []
                 old_moving = sess.run(moving)
@@ -81,15 +101,19 @@ def reference(model_fn, x, y, steps, parts):
                     dict(zip([v.op.name for v in moving], sess.run(moving))))
 
 
-def pipelined(model_fn, x, y, stages, steps, num_micro_batches=1, **build):
+def pipelined(model_fn, x, y, stages, steps, num_micro_batches=1, initial=None, **build):
+    """build_pipeline's SGD training for `steps` steps: (weights, moving averages) by name."""
     with tf.Graph().as_default():
         plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=num_micro_batches)
         handle = dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y),
                                           tf.compat.v1.train.GradientDescentOptimizer(LR), plan, **build)
         variables = [v for _, v in handle.grads_and_vars]
-        moving = [v for v in tf.compat.v1.global_variables() if not v.trainable and v.op.name.startswith("bn")]
+        moving = _moving_averages()
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(handle.initializer)
+            if initial:
+                _load(sess, variables, initial)
+                sess.run(handle.local_init_op)
             for _ in range(steps):
                 sess.run(handle.train_op)
             return (dict(zip([v.op.name for v in variables], sess.run(variables))),
