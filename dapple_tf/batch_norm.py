@@ -16,6 +16,7 @@ the update ops read: the warning is then about micro-batches only (none when the
 import warnings
 from typing import Callable, Dict, List, Sequence, Set
 
+import numpy as np
 import tensorflow as tf
 
 from dapple_tf import graph_defs as graph_defs_lib, outputs as outputs_lib
@@ -126,16 +127,34 @@ class UpdateOps:
         return list(self.unchanged) + list(imported)
 
 
-def _check_synchronized(updates: UpdateOps, replication: Sequence[int]) -> None:
-    """With sync batch norm, update ops in replicated stages must read fused batch norms' statistics."""
+def reduces_over_batch(op: tf.Operation) -> bool:
+    """A Mean or Sum keeping dimensions over constant axes that include the batch axis: tf.nn.moments' (and so
+    non-fused batch norms') statistics."""
+    if op.type not in ("Mean", "Sum") or not op.get_attr("keep_dims"):
+        return False
+    axes, rank = tf.get_static_value(op.inputs[1]), op.inputs[0].shape.rank
+    return axes is not None and bool(rank) and 0 in {int(a) % rank for a in np.ravel(axes)}
+
+
+def _check_synchronized(updates: UpdateOps, stage_ops, replication: Sequence[int]) -> None:
+    """With sync batch norm, replicated stages must hold no batch statistics that it does not synchronize."""
+    fix = ("make it fused (tf.compat.v1.nn.fused_batch_norm, slim.batch_norm(fused=True), keras BatchNormalization on "
+           "4-D inputs) or use batch_norm='per_slice'")
+    for s, ops in enumerate(stage_ops):
+        batch_reductions = [op.name for op in ops if replication[s] > 1 and reduces_over_batch(op)]
+        if batch_reductions:
+            raise DappleError(
+                f"batch_norm='sync' synchronizes fused batch norms (FusedBatchNorm*) only, but stage {s}, which is "
+                f"replicated, computes statistics over the batch in {batch_reductions[0]} (tf.nn.moments, a "
+                f"non-fused batch norm): they would stay per replica's slice; {fix}"
+            )
     for extra in updates.statistics.values():
         op = extra.tensor.op
         if replication[extra.stage] > 1 and not (is_training_norm(op) and extra.tensor.value_index in (1, 2)):
             raise DappleError(
                 f"batch_norm='sync' synchronizes fused batch norms (FusedBatchNorm*) only, but an update op reads "
-                f"{extra.tensor.name} ({op.type}) from stage {extra.stage}, which is replicated: a batch norm built "
-                "from tf.nn.moments would keep per-slice statistics; make it fused (tf.compat.v1.nn.fused_batch_norm, "
-                "slim.batch_norm(fused=True), keras BatchNormalization on 4-D inputs) or use batch_norm='per_slice'"
+                f"{extra.tensor.name} ({op.type}) from stage {extra.stage}, which is replicated: a statistic it does "
+                f"not synchronize stays per replica's slice; {fix}"
             )
 
 
@@ -150,7 +169,7 @@ def prepare(template, created: Set[tf.Operation], micro_batch_size: int, num_mic
     placeholders = [graph.get_tensor_by_name(name).op for name in template.inputs]
     updates = UpdateOps(model_update_ops(graph, created), stage_ops, placeholders)
     if sync:
-        _check_synchronized(updates, replication)
+        _check_synchronized(updates, stage_ops, replication)
     norms = [op for ops in stage_ops for op in ops if is_training_norm(op)]
     warn_per_micro_batch(norms, updates, replication, micro_batch_size, num_micro_batches, sync)
     for extra in updates.statistics.values():

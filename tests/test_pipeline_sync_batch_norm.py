@@ -156,26 +156,51 @@ def test_sync_with_micro_batches_equals_accumulated_micro_batches(schedule, reco
     assert_close(want_moving, moving, rtol=2e-5, atol=2e-6)
 
 
-def moments_model_fn(features, labels):
+def moments_model_fn(features, labels, update_ops=True):
+    """A non-fused batch norm (tf.nn.moments), with or without moving averages in UPDATE_OPS."""
     with dapple_tf.layer("block1"):
         mean, variance = tf.nn.moments(features, [0, 1, 2])
         moving = tf.compat.v1.get_variable("moving_mean", initializer=tf.zeros([3]), trainable=False)
-        tf.compat.v1.add_to_collection(UPDATE_OPS, moving.assign_sub((moving - mean) * (1 - DECAY)))
+        if update_ops:
+            tf.compat.v1.add_to_collection(UPDATE_OPS, moving.assign_sub((moving - mean) * (1 - DECAY)))
         h = (features - mean) * tf.math.rsqrt(variance + EPS) * _variable("gamma", [3], 0)
     with dapple_tf.layer("head"):
         logits = tf.matmul(tf.reshape(h, [-1, 12]), _variable("w", [12, 3], 1))
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
 
 
-def test_sync_refuses_a_batch_norm_it_cannot_synchronize_and_unknown_modes():
+def update_op_reading_a_mean_model_fn(features, labels):
+    """The moving average of a statistic that no batch norm computes (a plain mean over the batch)."""
+    with dapple_tf.layer("block1"):
+        moving = tf.compat.v1.get_variable("moving_mean", initializer=tf.zeros([]), trainable=False)
+        mean = tf.reduce_mean(features)
+        tf.compat.v1.add_to_collection(UPDATE_OPS, moving.assign(mean))
+        h = (features - mean) * _variable("gamma", [3], 0)
+    with dapple_tf.layer("head"):
+        logits = tf.matmul(tf.reshape(h, [-1, 12]), _variable("w", [12, 3], 1))
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+@pytest.mark.parametrize("update_ops", [True, False])
+def test_sync_refuses_a_non_fused_batch_norm_in_a_replicated_stage(update_ops):
     x, y = data(4)
     stages = [("block1", "block1", [cpu(0), cpu(1)]), ("head", "head", [cpu(2)])]
+    model_fn = lambda f, l: moments_model_fn(f, l, update_ops)  # noqa: E731
     with pytest.raises(DappleError, match=r"batch_norm='sync' synchronizes fused batch norms \(FusedBatchNorm\*\) "
-                                          r"only, but an update op reads .+ from stage 0, which is replicated"):
-        pipelined(moments_model_fn, x, y, stages, 0, batch_norm="sync")
+                                          r"only, but stage 0, which is replicated, computes statistics over the batch "
+                                          r"in block1/moments/mean \(tf.nn.moments"):
+        pipelined(model_fn, x, y, stages, 0, batch_norm="sync")
     # Not replicated: its statistics are the whole micro-batch's already.
-    pipelined(moments_model_fn, x, y, [("block1", "block1", [cpu(0)]), ("head", "head", [cpu(1), cpu(2)])], 0,
+    pipelined(model_fn, x, y, [("block1", "block1", [cpu(0)]), ("head", "head", [cpu(1), cpu(2)])], 0,
               batch_norm="sync")
+
+
+def test_sync_refuses_update_ops_reading_other_statistics_and_unknown_modes():
+    x, y = data(4)
+    stages = [("block1", "block1", [cpu(0), cpu(1)]), ("head", "head", [cpu(2)])]
+    with pytest.raises(DappleError, match=r"but an update op reads block1/Mean:0 \(Mean\) from stage 0, which is "
+                                          r"replicated"):
+        pipelined(update_op_reading_a_mean_model_fn, x, y, stages, 0, batch_norm="sync")
     with pytest.raises(DappleError, match=r"batch_norm must be one of \('per_slice', 'sync'\), got 'global'"):
         pipelined(conv_bn_model_fn, x, y, stages, 0, batch_norm="global")
 
