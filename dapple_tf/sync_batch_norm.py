@@ -14,13 +14,13 @@ A node of the op's name (IdentityN of those results) keeps every consumer and ou
 The all-reduces are CollectiveReduceV2 ops whose gradient (registered here under a name of our own,
 set on the nodes' `_gradient_op_type`) is the all-reduce sum of the upstream gradients, so each
 replica's backward pass also sums across replicas: gradients are exact, as for one device with the
-whole micro-batch. Instance keys come from one int32 input fed per clone (`INSTANCE_BASE`): clones of
+whole micro-batch. Instance keys come from one int32 input mapped per clone (`INSTANCE_BASE`): clones of
 the same micro-batch (the stage's replicas) share it, others get their own; batch-norm node k uses
 base + 4k and base + 4k + 1 forward, and those plus GRADIENT_KEY_SHIFT backward.
 """
 
 import dataclasses
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
@@ -178,10 +178,6 @@ def _check_reserve_spaces_unused(graph_def, norm_names, index: int) -> None:
                     f"batch_norm='sync': {node.name} in stage {index} reads {reference}, a reserve-space output of "
                     "a fused batch norm (only its gradient should); use batch_norm='per_slice'"
                 )
-
-
-def norms_in(stage: graph_defs_lib.StageGraphDef) -> List[str]:
-    return [n.name for n in stage.graph_def.node if is_training_norm(n)]
 
 
 def instance_base_feed(base: int) -> Dict[str, tf.Tensor]:
