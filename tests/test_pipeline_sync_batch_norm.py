@@ -217,3 +217,23 @@ def test_trainer_forwards_batch_norm_to_build_pipeline():
                       tf.compat.v1.train.GradientDescentOptimizer(LR), plan, batch_norm="global")
     with pytest.raises(DappleError, match=r"batch_norm must be one of \('per_slice', 'sync'\), got 'global'"):
         trainer.train(1)
+
+
+def cond_bn_model_fn(features, labels):
+    """A fused batch norm inside a tf.cond branch (a function body)."""
+    with dapple_tf.layer("block1"):
+        gamma, beta = _variable("gamma", [3], 0), _variable("beta", [3], 1)
+        h = tf.cond(tf.reduce_all(tf.equal(tf.shape(features)[1:3], 2)),
+                    lambda: tf.compat.v1.nn.fused_batch_norm(features, gamma, beta, is_training=True)[0],
+                    lambda: features)
+    with dapple_tf.layer("head"):
+        logits = tf.matmul(tf.reshape(h, [-1, 12]), _variable("w", [12, 3], 1))
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def test_sync_refuses_a_fused_batch_norm_inside_control_flow():
+    x, y = data(4)
+    stages = [("block1", "block1", [cpu(0), cpu(1)]), ("head", "head", [cpu(2)])]
+    with pytest.raises(DappleError, match=r"batch_norm='sync': stage 0 runs batch norm FusedBatchNormV3 inside "
+                                          r"function .+ \(a tf.cond or loop body\), which cannot be synchronized"):
+        pipelined(cond_bn_model_fn, x, y, stages, 0, batch_norm="sync")
