@@ -36,8 +36,7 @@ def warn_per_micro_batch(norms: Sequence[tf.Operation], updates: "UpdateOps", re
     """Warns when batch statistics are not the global batch's: per micro-batch, or per replica's slice."""
     if not norms and not updates.update_ops:
         return
-    stage_of = dict(updates.stage_of)
-    stages = {stage_of[op] for op in norms} | {extra.stage for extra in updates.statistics.values()}
+    stages = {updates.stage_of[op] for op in norms} | {extra.stage for extra in updates.statistics.values()}
     sliced = not sync and any(replication[s] > 1 for s in stages)
     if num_micro_batches == 1 and not sliced:
         return

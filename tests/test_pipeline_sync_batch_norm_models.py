@@ -18,6 +18,7 @@ def images(n, size, seed=0):
     return rng.rand(n, size, size, 3).astype(np.float32), rng.randint(0, 5, n).astype(np.int32)
 
 
+@pytest.mark.slow  # ~17-20 s: slim's 12 norms make a large gradient graph
 def test_slim_resnet_with_sync_batch_norm_trains_like_single_device():
     model_fn = slim_nets.small_resnet_v1(is_training=True)
     x, y = images(6, 8)
@@ -55,7 +56,8 @@ def test_keras_batch_normalization_with_sync_trains_like_accumulated_micro_batch
     weights, moving = pipelined(keras_bn_model_fn, x, y, stages, 3, num_micro_batches=2, batch_norm="sync")
     assert_close(want_weights, weights, rtol=2e-5, atol=2e-6)
     assert_close(want_moving, moving, rtol=2e-5, atol=2e-6)
-    sliced_weights, _ = pipelined(keras_bn_model_fn, x, y, stages, 3, num_micro_batches=2)
+    with pytest.warns(dapple_tf.BatchNormWarning, match="split further across a stage's replicas"):
+        sliced_weights, _ = pipelined(keras_bn_model_fn, x, y, stages, 3, num_micro_batches=2)
     assert max_difference(want_weights, sliced_weights) > 1e-2
 
 
