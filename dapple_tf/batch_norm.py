@@ -8,34 +8,49 @@ them over micro-batches and replicas (weighted by each slice's share of the glob
 the micro-batch statistics), and imports the update's own ops once, fed by the averages. The moving
 averages are then those of a single-device model that saw each step's micro-batch statistics
 averaged. Normalization itself uses each slice's statistics (micro-batch semantics): build_pipeline
-warns (BatchNormWarning) naming the batch-norm ops.
+warns (BatchNormWarning) naming the batch-norm ops. With batch_norm="sync" a replicated stage's fused
+batch norms use the statistics of the whole micro-batch (sync_batch_norm.py), and so do the statistics
+the update ops read: the warning is then about micro-batches only (none when there is one).
 """
 
 import warnings
 from typing import Callable, Dict, List, Sequence, Set
 
+import numpy as np
 import tensorflow as tf
 
 from dapple_tf import graph_defs as graph_defs_lib, outputs as outputs_lib
 from dapple_tf.errors import DappleError
+from dapple_tf.sync_batch_norm import is_training_norm
 
-_TRAINING_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+PER_SLICE, SYNC = "per_slice", "sync"
+MODES = (PER_SLICE, SYNC)
 
 
 class BatchNormWarning(UserWarning):
     """Batch statistics are computed per micro-batch slice, not over the global batch."""
 
 
-def warn_per_micro_batch(stage_ops: Sequence[Sequence[tf.Operation]], update_ops, micro_batch_size: int) -> None:
-    norms = [op.name for ops in stage_ops for op in ops if op.type in _TRAINING_NORMS and op.get_attr("is_training")]
-    if not norms and not update_ops:
+def warn_per_micro_batch(norms: Sequence[tf.Operation], updates: "UpdateOps", replication: Sequence[int],
+                          micro_batch_size: int, num_micro_batches: int, sync: bool) -> None:
+    """Warns when batch statistics are not the global batch's: per micro-batch, or per replica's slice."""
+    if not norms and not updates.update_ops:
         return
-    named = norms or [op.name for op in update_ops]
+    stages = {updates.stage_of[op] for op in norms} | {extra.stage for extra in updates.statistics.values()}
+    sliced = not sync and any(replication[s] > 1 for s in stages)
+    if num_micro_batches == 1 and not sliced:
+        return
+    named = [op.name for op in norms] or [op.name for op in updates.update_ops]
     shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+    if sliced:
+        where = (f"each micro-batch slice with its own statistics (micro-batches of {micro_batch_size} samples, split "
+                 "further across a stage's replicas; batch_norm='sync' joins the replicas' slices)")
+    else:
+        together = ", all replicas of a stage together (batch_norm='sync')" if sync else ""
+        where = f"each micro-batch ({micro_batch_size} samples{together}) with its own statistics"
     warnings.warn(
-        f"batch normalization in training mode ({shown}) normalizes each micro-batch slice with its own statistics "
-        f"(micro-batches of {micro_batch_size} samples, split further across a stage's replicas), not the global "
-        "batch's; the moving averages are updated once per step from the mean of those statistics",
+        f"batch normalization in training mode ({shown}) normalizes {where}, not the global batch's; the moving "
+        "averages are updated once per step from the mean of those statistics",
         BatchNormWarning,
         stacklevel=4,
     )
@@ -68,6 +83,7 @@ class UpdateOps:
         self.unchanged = [op for op in update_ops if op not in batch_dependent]  # e.g. a counter: runs as it is
         self.update_ops = [op for op in update_ops if op in batch_dependent]
         stage_of = {op: s for s, ops in enumerate(stage_ops) for op in ops}
+        self.stage_of = stage_of
         self.subgraph: Set[tf.Operation] = set()
         self.statistics: Dict[str, outputs_lib.ExtraOutput] = {}  # stage tensor name -> what to average
         self.fixed: Dict[str, tf.Tensor] = {}  # batch-independent inputs, used as they are
@@ -110,14 +126,51 @@ class UpdateOps:
         return list(self.unchanged) + list(imported)
 
 
-def prepare(template, created: Set[tf.Operation], micro_batch_size: int) -> UpdateOps:
+def reduces_over_batch(op: tf.Operation) -> bool:
+    """A Mean or Sum keeping dimensions over constant axes that include the batch axis: tf.nn.moments' (and so
+    non-fused batch norms') statistics."""
+    if op.type not in ("Mean", "Sum") or not op.get_attr("keep_dims"):
+        return False
+    axes, rank = tf.get_static_value(op.inputs[1]), op.inputs[0].shape.rank
+    return axes is not None and bool(rank) and 0 in {int(a) % rank for a in np.ravel(axes)}
+
+
+def _check_synchronized(updates: UpdateOps, stage_ops, replication: Sequence[int]) -> None:
+    """With sync batch norm, replicated stages must hold no batch statistics that it does not synchronize."""
+    fix = ("make it fused (tf.compat.v1.nn.fused_batch_norm, slim.batch_norm(fused=True), keras BatchNormalization on "
+           "4-D inputs) or use batch_norm='per_slice'")
+    for s, ops in enumerate(stage_ops):
+        batch_reductions = [op.name for op in ops if replication[s] > 1 and reduces_over_batch(op)]
+        if batch_reductions:
+            raise DappleError(
+                f"batch_norm='sync' synchronizes fused batch norms (FusedBatchNorm*) only, but stage {s}, which is "
+                f"replicated, computes statistics over the batch in {batch_reductions[0]} (tf.nn.moments, a "
+                f"non-fused batch norm): they would stay per replica's slice; {fix}"
+            )
+    for extra in updates.statistics.values():
+        op = extra.tensor.op
+        if replication[extra.stage] > 1 and not (is_training_norm(op) and extra.tensor.value_index in (1, 2)):
+            raise DappleError(
+                f"batch_norm='sync' synchronizes fused batch norms (FusedBatchNorm*) only, but an update op reads "
+                f"{extra.tensor.name} ({op.type}) from stage {extra.stage}, which is replicated: a statistic it does "
+                f"not synchronize stays per replica's slice; {fix}"
+            )
+
+
+def prepare(template, created: Set[tf.Operation], micro_batch_size: int, num_micro_batches: int = 1,
+            sync: bool = False) -> UpdateOps:
     """The UpdateOps of the UPDATE_OPS model_fn `created`, their statistics added to the stages' clone outputs
-    (template.StageTemplate.extra_outputs); warns about per-micro-batch statistics."""
+    (template.StageTemplate.extra_outputs); warns about per-micro-batch statistics; with `sync`, refuses
+    statistics that sync batch norm does not synchronize."""
     graph = template.stages[0].ops[0].graph
     stage_ops = [st.ops for st in template.stages]
+    replication = [st.stage.replication for st in template.stages]
     placeholders = [graph.get_tensor_by_name(name).op for name in template.inputs]
     updates = UpdateOps(model_update_ops(graph, created), stage_ops, placeholders)
-    warn_per_micro_batch(stage_ops, updates.update_ops, micro_batch_size)
+    if sync:
+        _check_synchronized(updates, stage_ops, replication)
+    norms = [op for ops in stage_ops for op in ops if is_training_norm(op)]
+    warn_per_micro_batch(norms, updates, replication, micro_batch_size, num_micro_batches, sync)
     for extra in updates.statistics.values():
         wanted = template.stages[extra.stage].extra_outputs
         if extra.tensor not in wanted:

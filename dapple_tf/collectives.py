@@ -28,11 +28,15 @@ class CollectiveKeys:
         return zlib.crc32(",".join(devices).encode()) & 0x7FFFFFFF or 1
 
     def instance_key(self) -> int:
-        self._next_instance += 1
-        return self._next_instance - 1
+        return self.instance_keys(1)
+
+    def instance_keys(self, count: int) -> int:
+        """The first of `count` consecutive unused instance keys."""
+        self._next_instance += count
+        return self._next_instance - count
 
 
-def _hint(devices: Sequence[str]) -> str:
+def communication_hint(devices: Sequence[str]) -> str:
     return "nccl" if all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices) else "auto"
 
 
@@ -61,7 +65,7 @@ def all_reduce_sum(
         with tf.device(device), tf.control_dependencies([after[device]] if device in after else []):
             flat = tf.concat([tf.reshape(g, [-1]) for g in grads_per_device[device]], axis=0)
             summed = collective_ops.all_reduce(
-                flat, len(devices), group_key, instance_key, "Add", "Id", communication_hint=_hint(devices)
+                flat, len(devices), group_key, instance_key, "Add", "Id", communication_hint=communication_hint(devices)
             )
             result[device] = [tf.reshape(p, s) for p, s in zip(tf.split(summed, sizes), shapes)]
     return result

@@ -35,17 +35,18 @@ EstimatorSpec = tf_estimator.estimator.EstimatorSpec
 
 
 def model_fn(user_model_fn: Callable, optimizer_fn: Callable, plan, *, schedule: Optional[str] = None,
-             predict_fn: Optional[Callable] = None) -> Callable:
+             predict_fn: Optional[Callable] = None, batch_norm: str = "per_slice") -> Callable:
     """An Estimator model_fn training `user_model_fn` pipelined for `plan`.
 
     user_model_fn(features, labels) -> scalar mean loss, layers marked by dapple_tf.layer (as for
     build_pipeline); optimizer_fn() -> a tf.compat.v1.train.Optimizer; plan as for build_pipeline.
     predict_fn(features) -> predictions (a tensor or dict), single-device, for PREDICT mode.
+    batch_norm: as for build_pipeline ("per_slice" or "sync").
     """
 
     def estimator_model_fn(features, labels, mode):
         if mode == ModeKeys.TRAIN:
-            return _train_spec(user_model_fn, optimizer_fn, plan, schedule, features, labels)
+            return _train_spec(user_model_fn, optimizer_fn, plan, schedule, features, labels, batch_norm)
         graph = tf.compat.v1.get_default_graph()
         with LayerRecorder(graph).activate():
             if mode == ModeKeys.EVAL:
@@ -57,7 +58,7 @@ def model_fn(user_model_fn: Callable, optimizer_fn: Callable, plan, *, schedule:
     return estimator_model_fn
 
 
-def _train_spec(user_model_fn, optimizer_fn, plan, schedule, features, labels) -> EstimatorSpec:
+def _train_spec(user_model_fn, optimizer_fn, plan, schedule, features, labels, batch_norm) -> EstimatorSpec:
     optimizer = optimizer_fn()
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise DappleError(
@@ -74,7 +75,7 @@ def _train_spec(user_model_fn, optimizer_fn, plan, schedule, features, labels) -
     graph = tf.compat.v1.get_default_graph()
     first_new_op = len(graph.get_operations())
     handle = build_pipeline(user_model_fn, features, labels, optimizer, plan, schedule=schedule,
-                            global_step=tf.compat.v1.train.get_or_create_global_step())
+                            global_step=tf.compat.v1.train.get_or_create_global_step(), batch_norm=batch_norm)
     _drop_template_summaries(graph, first_new_op)
     scaffold = tf.compat.v1.train.Scaffold(local_init_op=handle.local_init_op)
     return EstimatorSpec(ModeKeys.TRAIN, loss=handle.loss, train_op=handle.train_op, scaffold=scaffold)

@@ -18,8 +18,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import (batch_norm, collectives, gradients, microbatch, outputs as outputs_lib, recompute as recompute_lib,
-                       template as template_lib)
+from dapple_tf import (batch_norm as batch_norm_lib, collectives, gradients, microbatch, outputs as outputs_lib,
+                       recompute as recompute_lib, template as template_lib)
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.graph_mode import require_graph_mode
 from dapple_tf.layers import LayerRecorder
@@ -87,7 +87,7 @@ class _LayerPlacer:
 
 
 def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, layers=None,
-                   recompute=None, cross_process_reduce=None):
+                   recompute=None, cross_process_reduce=None, batch_norm="per_slice"):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
@@ -99,9 +99,13 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     recompute (re-computation, recompute.py) True, False or a list of stage indices (default: the
     plan file's choice, else none).
     cross_process_reduce: see gradients.reduce_and_pair (dapple_tf.horovod passes it).
+    batch_norm: "per_slice" (each replica's slice of a micro-batch normalized with its own statistics) or
+    "sync" (a replicated stage's fused batch norms use the whole micro-batch's statistics: sync_batch_norm.py).
     Returns a PipelineHandle.
     """
     require_graph_mode("build_pipeline")
+    if batch_norm not in batch_norm_lib.MODES:
+        raise DappleError(f"batch_norm must be one of {batch_norm_lib.MODES}, got {batch_norm!r}")
     plan = _as_plan(plan)
     schedule = schedule or plan.schedule_kind or "dapple"
     if schedule not in SCHEDULE_KINDS:
@@ -156,9 +160,12 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
 
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
-    updates = batch_norm.prepare(template, set(graph.get_operations()[first_model_op:]), micro_size)
+    sync = batch_norm == batch_norm_lib.SYNC
+    updates = batch_norm_lib.prepare(template, set(graph.get_operations()[first_model_op:]), micro_size,
+                                     plan.num_micro_batches, sync)
     again = recompute_lib.stages_to_recompute(recompute, plan.recompute, len(stages))
-    builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable, again)
+    builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable, again,
+                           sync_keys=keys if sync else None)
     builder.build_forward()
     builder.build_backward(sched)
     builder.chain(sched)

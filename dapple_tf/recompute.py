@@ -91,9 +91,11 @@ def recomputed_clone(
     forward_inputs: Dict[str, tf.Tensor],
     wanted: Sequence[str],
     name: str,
+    extra_feed: Dict[str, tf.Tensor] = None,
 ) -> Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]:
     """Imports the stage again (call inside the backward task's capture and device scope), fed by
-    the tensors the forward clone was fed. Returns (inputs fed, template name -> recomputed tensor).
+    the tensors the forward clone was fed (and `extra_feed`: sync batch norm's instance keys).
+    Returns (inputs fed, template name -> recomputed tensor).
 
     Boundary inputs are fed through identities of the backward task's own: the gradients are taken
     w.r.t. them, and the identities' control edges hold the recomputation in the task's slot.
@@ -103,5 +105,6 @@ def recomputed_clone(
         key: tf.identity(t, name="recompute_input") if kinds[key] == BOUNDARY else t
         for key, t in forward_inputs.items()
     }
-    results = tf.compat.v1.import_graph_def(graph_def, input_map=feed, return_elements=list(wanted), name=name)
+    input_map = {**feed, **(extra_feed or {})}
+    results = tf.compat.v1.import_graph_def(graph_def, input_map=input_map, return_elements=list(wanted), name=name)
     return feed, dict(zip(wanted, results))

@@ -8,6 +8,9 @@ gradients of its inputs (cut into pieces for the producing replicas) and of its 
 to a running sum per variable and device, so no more than one accumulated copy is alive).
 The loss of replica j is weighted by its slice's share of the global batch, so summing over
 micro-batches and replicas gives exactly the full-batch mean and its gradient.
+With sync batch norm (sync_batch_norm.py), a replicated stage's GraphDef is rewritten before cloning so
+that its batch norms all-reduce their statistics across the replicas; each clone feeds the instance
+keys of its micro-batch (shared by the replicas, distinct per micro-batch and per recomputation).
 A stage with re-computation differentiates, in its backward task, a second clone fed by what
 the forward clone was fed (recompute.py) instead of the forward clone.
 """
@@ -18,7 +21,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf import graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib, recompute as recompute_lib, tasks
+from dapple_tf import (collectives, graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib,
+                       recompute as recompute_lib, sync_batch_norm, tasks)
 from dapple_tf.errors import DappleError
 from dapple_tf.gradients import GradientAccumulator
 from dapple_tf.replicas import VariableCopies
@@ -64,7 +68,9 @@ class StageBuilder:
         copies: VariableCopies,
         trainable: set,
         recompute: Sequence[bool] = (),
+        sync_keys: collectives.CollectiveKeys = None,
     ):
+        """sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys."""
         self.graph = graph
         self.template = template
         self.micro_batch_size = micro_batch_size
@@ -81,6 +87,9 @@ class StageBuilder:
         self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, tf.Tensor]]]] = {}
         self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
         self._sizes = [microbatch.slice_sizes(micro_batch_size, st.stage.replication) for st in template.stages]
+        self._sync_keys = sync_keys
+        self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
+        self._keys_per_clone_group = [0] * len(template.stages)  # instance keys of a stage's synced batch norms
 
     # -- forward ---------------------------------------------------------------------------
     def _micro_batch_inputs(self) -> List[Dict[str, tf.Tensor]]:
@@ -108,12 +117,15 @@ class StageBuilder:
             if again:
                 recompute_lib.check_repeatable(graph_defs[s], s)
                 graph_defs[s] = recompute_lib.with_fixed_seeds(graph_defs[s], seeds)
+        if self._sync_keys is not None:
+            self._synchronize_batch_norms(graph_defs)
         self._graph_defs = graph_defs
         micro_inputs = self._micro_batch_inputs()
         n = self.template.global_batch_size
         for m in range(self.num_micro_batches):
             for s, stage in enumerate(self.template.stages):
                 sizes = self._sizes[s]
+                sync_base = self._sync_base(s)
                 for j, device in enumerate(stage.stage.devices):
                     start = microbatch.offsets(sizes)[j]
                     with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
@@ -124,8 +136,9 @@ class StageBuilder:
                         wanted += [t.name for t in stage.extra_outputs if t.name not in wanted]
                         clone_id = len(self.clones) + 1
                         graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}", clone_id)
+                        input_map = dict(feed, **self._sync_feed(sync_base))
                         results = tf.compat.v1.import_graph_def(
-                            graph_def, input_map=feed, return_elements=wanted, name=f"dapple/stage{s}/mb{m}/r{j}"
+                            graph_def, input_map=input_map, return_elements=wanted, name=f"dapple/stage{s}/mb{m}/r{j}"
                         )
                     by_name = dict(zip(wanted, results))
                     clone = _Clone(inputs=feed, outputs={t.name: by_name[t.name] for t in stage.outputs}, salt=clone_id)
@@ -136,6 +149,24 @@ class StageBuilder:
                             weight = tf.constant(sizes[j] / n, dtype=clone.loss.dtype)
                             self.weighted_losses.append(clone.loss * weight)
                     self.clones[(s, m, j)] = clone
+
+    def _synchronize_batch_norms(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
+        for s, stage in enumerate(self.template.stages):
+            devices = stage.stage.devices
+            if len(devices) > 1:
+                synced = sync_batch_norm.rewrite(graph_defs[s], s, devices, self._sync_keys.group_key(devices),
+                                                 collectives.communication_hint(devices))
+                graph_defs[s] = synced.stage
+                self._keys_per_clone_group[s] = synced.num_keys
+
+    def _sync_base(self, s: int):
+        """The first instance key of a new clone group of stage s (None when it synchronizes nothing)."""
+        count = self._keys_per_clone_group[s]
+        return self._sync_keys.instance_keys(count) if count else None
+
+    @staticmethod
+    def _sync_feed(base) -> Dict[str, tf.Tensor]:
+        return sync_batch_norm.instance_base_feed(base) if base is not None else {}
 
     def _feed(self, ext, m, j, start, size, micro_inputs, device) -> tf.Tensor:
         if ext.kind == INPUT:
@@ -189,8 +220,11 @@ class StageBuilder:
         stage, forward = self.template.stages[s], self.clones[(s, m, j)]
         wanted = [t.name for t in stage.outputs] + ([stage.loss.name] if stage.loss is not None else [])
         graph_def = graph_defs_lib.private_copy(self._graph_defs[s], f"_dapple_s{s}_m{m}_r{j}_rc", forward.salt)
+        if (s, m) not in self._recompute_sync_bases:  # one group of keys for the replicas of (s, m)
+            self._recompute_sync_bases[(s, m)] = self._sync_base(s)
         feed, outputs = recompute_lib.recomputed_clone(
-            stage, graph_def, forward.inputs, wanted, name=f"dapple/stage{s}/mb{m}/r{j}/recompute"
+            stage, graph_def, forward.inputs, wanted, name=f"dapple/stage{s}/mb{m}/r{j}/recompute",
+            extra_feed=self._sync_feed(self._recompute_sync_bases[(s, m)]),
         )
         loss = outputs.pop(stage.loss.name) if stage.loss is not None else None
         return _Clone(inputs=feed, outputs=outputs, loss=loss, salt=forward.salt)

@@ -68,7 +68,7 @@ class Trainer:
                  hooks: Sequence[tf.compat.v1.train.SessionRunHook] = (), *, schedule: Optional[str] = None,
                  eval_input_fn: Optional[Callable] = None, cluster: Optional[TFCluster] = None,
                  options: Optional[TrainerOptions] = None, config: Optional[tf.compat.v1.ConfigProto] = None,
-                 log=None, horovod=None):
+                 log=None, horovod=None, batch_norm: str = "per_slice"):
         self.model_fn, self.input_fn, self.plan = model_fn, input_fn, plan
         self.optimizer = optimizer
         self.model_dir, self.hooks, self.schedule = model_dir, list(hooks), schedule
@@ -76,6 +76,7 @@ class Trainer:
         self.options = options or TrainerOptions()
         self.config = config
         self.horovod = horovod  # a dapple_tf.horovod.HorovodPipeline: input_fn gives this process's slice
+        self.batch_norm = batch_norm  # build_pipeline's batch_norm
         self.log = log or (lambda text: print(text, flush=True))
         if self.options.eval_every and eval_input_fn is None:
             raise DappleError("eval_every needs an eval_input_fn (held-out data)")
@@ -103,10 +104,10 @@ class Trainer:
             features, labels = self.input_fn(global_step.read_value())
             if self.horovod is not None:
                 handle = self.horovod.build(self.model_fn, features, labels, self._optimizer(),
-                                            schedule=self.schedule, global_step=global_step)
+                                            schedule=self.schedule, global_step=global_step, batch_norm=self.batch_norm)
             else:
                 handle = build_pipeline(self.model_fn, features, labels, self._optimizer(), self.plan,
-                                        schedule=self.schedule, global_step=global_step)
+                                        schedule=self.schedule, global_step=global_step, batch_norm=self.batch_norm)
             eval_loss = self._eval_loss(graph, global_step) if self.eval_input_fn else None
             batch = _batch_size(features)
             saver = tf.compat.v1.train.Saver(max_to_keep=self.options.keep_checkpoints)

@@ -46,6 +46,9 @@ flags.DEFINE_integer("global_batch_size", None, "Samples per step, all processes
 flags.DEFINE_enum("backend", "tf", ["tf", "horovod"], "tf: this process or a TF cluster (TF_CONFIG); horovod: one "
                   "process of horovodrun, with a --plan from dapple_plan --backend=horovod.")
 flags.DEFINE_enum("schedule", None, ["dapple", "gpipe"], "Pipeline schedule (default: the plan's, else dapple).")
+flags.DEFINE_enum("batch_norm", "per_slice", ["per_slice", "sync"],
+                  "Batch norm statistics in replicated stages: per replica's slice, or synchronized over the "
+                  "stage's replicas (the whole micro-batch).")
 flags.DEFINE_integer("steps", 100, "Train until the global step reaches this (a resumed run continues to it).")
 flags.DEFINE_string("model_dir", None, "Checkpoints and TensorBoard summaries; resumes from its latest checkpoint.")
 flags.DEFINE_integer("save_checkpoints_steps", 100, "Save a checkpoint every this many steps (0: off).")
@@ -220,7 +223,7 @@ def main(argv):
     lead = not horovod or horovod.rank == 0  # under Horovod, rank 0 checkpoints and logs
     trainer = Trainer(model_fn, input_fn, optimizer, plan, FLAGS.model_dir if lead else None, schedule=FLAGS.schedule,
                       eval_input_fn=eval_input_fn, cluster=cluster, options=options, config=config,
-                      horovod=horovod, log=None if lead else (lambda text: None))
+                      horovod=horovod, log=None if lead else (lambda text: None), batch_norm=FLAGS.batch_norm)
     where = f"{len(cluster.workers)} worker tasks" if cluster else f"{FLAGS.num_devices} virtual CPU devices"
     if horovod:
         where = f"{horovod.size} Horovod processes x {where}"
