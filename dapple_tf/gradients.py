@@ -6,16 +6,23 @@ device's backward tasks produce (one live copy, not M). A variable only ever rea
 reduced gradient can be applied as IndexedSlices of exactly those rows: lazy optimizers
 (Momentum, RMSProp, ...) then update the same rows as single-device `minimize` does.
 
-`reduce_and_pair` all-reduces each (device set, dtype) group once, in one fixed order on every
-device, and pairs the sums with every copy of the variable for the apply step.
+`reduce_and_pair` all-reduces each (device set, dtype) group in buckets of about `bucket_bytes`
+(planner.cost_model.ALLREDUCE_BUCKET_BYTES by default), in the order the last micro-batch's backward
+produces the gradients (the variables whose gradient ops were created first, i.e. the last layers,
+first), one bucket after another on every device. A bucket's collective depends only on its own
+gradients, so it runs while the backward of earlier layers still computes (backward/AllReduce
+overlap: tests/test_planner_overlap.py measures it, planner.cost_model.allreduce_tail_ms models it).
+The apply step waits for every bucket of the device set. The sums are paired with every copy of the
+variable for the apply step.
 """
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from dapple_tf import collectives
 from dapple_tf.replicas import VariableCopies
+from planner.cost_model import ALLREDUCE_BUCKET_BYTES
 
 Key = Tuple[tf.Variable, str]  # (variable, device)
 
@@ -25,6 +32,7 @@ class GradientAccumulator:
         self.sums: Dict[Key, tf.Tensor] = {}
         self.row_counts: Dict[Key, tf.Tensor] = {}  # for keys whose every gradient so far was sparse
         self._dense: set = set()  # keys that got a dense gradient at least once
+        self.last_gradient: Dict[Key, tf.Tensor] = {}  # the latest micro-batch's gradient (its ops' creation order)
 
     def add(self, variable: tf.Variable, device: str, grad) -> None:
         """Adds one backward task's gradient (a Tensor or IndexedSlices) on `device`."""
@@ -40,6 +48,7 @@ class GradientAccumulator:
             self.row_counts.pop(key, None)
         dense = tf.convert_to_tensor(grad)
         dense.set_shape(variable.shape)  # gradients through control flow may lose it
+        self.last_gradient[key] = dense
         self.sums[key] = dense if key not in self.sums else self.sums[key] + dense
 
     def devices_of(self) -> Dict[tf.Variable, Tuple[str, ...]]:
@@ -64,42 +73,70 @@ def _identity_after(grad, deps):
         return tf.identity(grad)
 
 
-def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys,
-                    cross_process_reduce=None):
-    """AllReduce per (device set, dtype); returns (grads_and_vars, (grad, copy) pairs to apply).
+def _buckets(group: List[tf.Variable], accumulator: GradientAccumulator, device: str, bucket_bytes: float,
+             position: Dict[tf.Operation, int]) -> List[List[tf.Variable]]:
+    """`group` in backward order (by the creation of each variable's last gradient op on `device`),
+    cut into consecutive buckets of at least `bucket_bytes` (the last one may be smaller)."""
+    ordered = sorted(group, key=lambda v: position[accumulator.last_gradient[(v, device)].op])
+    buckets, current, size = [], [], 0
+    for v in ordered:
+        current.append(v)
+        size += v.shape.num_elements() * v.dtype.base_dtype.size
+        if size >= bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + [current] if current else buckets
 
-    cross_process_reduce(buffer) -> buffer, if given, reduces each group's packed in-process sum
-    once across processes (dapple_tf.horovod), weighted by the process's share of the batch."""
+
+def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys,
+                    cross_process_reduce=None, bucket_bytes: Optional[float] = None):
+    """AllReduce per (device set, dtype) in buckets; returns (grads_and_vars, (grad, copy) pairs to apply).
+
+    cross_process_reduce(buffer) -> buffer, if given, reduces each bucket's packed in-process sum
+    once across processes (dapple_tf.horovod), weighted by the process's share of the batch.
+    bucket_bytes: see the module docstring (None: ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable)."""
+    bucket_bytes = ALLREDUCE_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     devices_of = accumulator.devices_of()
     groups: Dict[Tuple[Tuple[str, ...], tf.DType], List[tf.Variable]] = {}
     for variable, devices in devices_of.items():
         groups.setdefault((devices, variable.dtype.base_dtype), []).append(variable)
+    graph = next(iter(accumulator.sums.values())).graph if accumulator.sums else None
+    position = {op: i for i, op in enumerate(graph.get_operations())} if graph is not None else {}
     reduced: Dict[Key, object] = {}
     exposed: Dict[tf.Variable, object] = {}
     last_collective: Dict[str, tf.Tensor] = {}
     # One fixed order of collectives on every device (NCCL needs it on overlapping groups).
     for devices, dtype in sorted(groups, key=lambda key: (key[0], key[1].name)):
+        summed: Dict[Key, tf.Tensor] = {}
+        for bucket in _buckets(groups[(devices, dtype)], accumulator, devices[0], bucket_bytes, position):
+            sparse = [v for v in bucket if accumulator.is_sparse(v, devices)]
+            per_device = {
+                d: [accumulator.sums[(v, d)] for v in bucket] + [accumulator.row_counts[(v, d)] for v in sparse]
+                for d in devices
+            }
+            sums = collectives.all_reduce_sum(per_device, keys, after=last_collective,
+                                              cross_process_reduce=cross_process_reduce)
+            for d in devices:
+                if len(devices) > 1:
+                    last_collective[d] = sums[d][0]
+                counts = dict(zip(sparse, sums[d][len(bucket):]))
+                for v, total in zip(bucket, sums[d][: len(bucket)]):
+                    summed[(v, d)] = (total, counts.get(v))
         group = groups[(devices, dtype)]
-        sparse = [v for v in group if accumulator.is_sparse(v, devices)]
-        per_device = {
-            d: [accumulator.sums[(v, d)] for v in group] + [accumulator.row_counts[(v, d)] for v in sparse]
-            for d in devices
-        }
-        sums = collectives.all_reduce_sum(per_device, keys, after=last_collective, cross_process_reduce=cross_process_reduce)
-        everyone = [t for d in devices for t in sums[d]]
+        # The apply step waits for the device set's last bucket; fetching one device's sum must run
+        # every participant's collectives.
+        everyone = [last_collective[d] for d in devices] if len(devices) > 1 else []
         for d in devices:
-            if len(devices) > 1:
-                last_collective[d] = sums[d][0]
-            counts = dict(zip(sparse, sums[d][len(group) :]))
-            for v, total in zip(group, sums[d][: len(group)]):
-                with tf.device(d):
-                    reduced[(v, d)] = _as_slices(total, counts[v]) if v in counts else total
+            with tf.device(d), tf.control_dependencies([last_collective[d]] if len(devices) > 1 else []):
+                for v in group:
+                    total, count = summed[(v, d)]
+                    total = tf.identity(total)
+                    reduced[(v, d)] = _as_slices(total, count) if count is not None else total
         for v in group:
             home = next((d for d, c in copies.copies_of(v).items() if c is v), None)
             source = home if home in devices else devices[0]
-            # Fetching one device's sum must run every participant's collective.
             with tf.device(source):
-                exposed[v] = _identity_after(reduced[(v, source)], everyone if len(devices) > 1 else [])
+                exposed[v] = _identity_after(reduced[(v, source)], everyone)
     grads_and_vars, apply_pairs = [], []
     for variable in devices_of:
         grads_and_vars.append((exposed[variable], variable))

@@ -9,8 +9,9 @@ Passes, in order (paper section 5):
 3. backward: stage by stage in reverse, per micro-batch and replica, `tf.gradients` of the clone
    with grad_ys from later stages; variable gradients are accumulated as a running sum;
 4. schedule: control edges make each device run its tasks in the planner.schedule order (tasks.py);
-5. update: AllReduce of the accumulated gradients across the devices holding each variable
-   (collectives.py), then one apply step of the user's optimizer on every copy (replicas.py).
+5. update: AllReduce of the accumulated gradients across the devices holding each variable, in
+   buckets that start during the last micro-batch's backward (gradients.py, collectives.py), then
+   one apply step of the user's optimizer on every copy (replicas.py).
 """
 
 import dataclasses
@@ -87,7 +88,7 @@ class _LayerPlacer:
 
 
 def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, layers=None,
-                   recompute=None, cross_process_reduce=None, batch_norm="per_slice"):
+                   recompute=None, cross_process_reduce=None, batch_norm="per_slice", allreduce_bucket_bytes=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
@@ -99,6 +100,9 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     recompute (re-computation, recompute.py) True, False or a list of stage indices (default: the
     plan file's choice, else none).
     cross_process_reduce: see gradients.reduce_and_pair (dapple_tf.horovod passes it).
+    allreduce_bucket_bytes: gradients are all-reduced in buckets of at least this many bytes, last
+    layers first, overlapping the last micro-batch's backward (default 25 MiB, the planner's
+    ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
     batch_norm: "per_slice" (each replica's slice of a micro-batch normalized with its own statistics) or
     "sync" (a replicated stage's fused batch norms use the whole micro-batch's statistics: sync_batch_norm.py).
     Returns a PipelineHandle.
@@ -175,7 +179,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     with tf.device(stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
 
-    grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys, cross_process_reduce)
+    grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys, cross_process_reduce,
+                                                              allreduce_bucket_bytes)
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
     with tf.control_dependencies([copies.stale_copy_check()]):

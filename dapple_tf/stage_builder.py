@@ -255,7 +255,10 @@ class StageBuilder:
         xs = [clone.inputs[e.tensor.name] for e in boundary] + [h for _, h in variables]
         if not xs:
             return
-        grads = tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys, colocate_gradients_with_ops=True)
+        # gate_gradients (as Optimizer.minimize's default GATE_OP): an op's gradients all complete before
+        # any is used, so each layer's weight gradient is ready before the backward moves to earlier
+        # layers, and a gradient bucket can be all-reduced while they run (gradients.py).
+        grads = tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys, colocate_gradients_with_ops=True, gate_gradients=True)
         for ext, grad in zip(boundary, grads[: len(boundary)]):
             if grad is None:
                 grad = tf.zeros_like(clone.inputs[ext.tensor.name])

@@ -154,35 +154,42 @@ def _pipedream_stages(model, prefix, cluster):
     def level(bw, units, block_time):
         """A(i, j, m): best (bottleneck, [(i, j, m)]) for cut-index range [i, j) on m units."""
 
-        rows = {}
+        rows = [None] * (k * k)
         grid = sorted({x for x in range(1, 5)} | {2**e for e in range(units.bit_length())}
                       | {3 * 2**e for e in range(units.bit_length())})
+        splits = [list(range(1, m)) if units <= 16 else [x for x in grid if x < m] for m in range(units + 1)]
+        comm_at = [2 * prefix.cut[c] / bw * 1e3 for c in cuts]  # both directions across cut index mid
 
         def row(i, j):
             """block_time(i, j, m) for m = 0..units (index 0 unused)."""
-            r = rows.get((i, j))
+            r = rows[i * k + j]
             if r is None:
-                r = rows[(i, j)] = [0.0] + [block_time(i, j, m) for m in range(1, units + 1)]
+                r = rows[i * k + j] = [0.0] + [block_time(i, j, m) for m in range(1, units + 1)]
             return r
 
         @functools.lru_cache(maxsize=None)
         def a(i, j, m):
             t = row(i, j)[m]
-            best = (t, ((i, j, m),))
+            best, pick = t, None
             for mid in range(i + 1, j):
-                comm = 2 * prefix.cut[cuts[mid]] / bw * 1e3
-                if comm >= best[0]:
+                comm = comm_at[mid]
+                if comm >= best:
                     continue
                 times = row(mid, j)
-                for m2 in (range(1, m) if units <= 16 else [x for x in grid if x < m]):
+                for m2 in splits[m]:
                     t2 = times[m2]
-                    if t2 >= best[0]:
+                    if t2 >= best:
                         continue
-                    left = a(i, mid, m - m2)
-                    v = max(left[0], comm, t2)
-                    if v < best[0]:
-                        best = (v, left[1] + ((mid, j, m2),))
-            return best
+                    left = a(i, mid, m - m2)[0]
+                    v = left if left > t2 else t2
+                    if comm > v:
+                        v = comm
+                    if v < best:
+                        best, pick = v, (mid, m2)
+            if pick is None:
+                return best, ((i, j, m),)
+            mid, m2 = pick
+            return best, a(i, mid, m - m2)[1] + ((mid, j, m2),)
 
         return a
 

@@ -23,7 +23,8 @@ Conventions:
   cluster's bandwidth, and the transfer takes as long as the busiest port.
 - AllReduce: ring inside one server, 2 (n-1)/n * bytes / intra; across servers hierarchical:
   intra-server reduce-scatter + all-gather (2 (c-1)/c * bytes / intra, c = most devices on one
-  server) plus a ring between servers over the NICs (2 (k-1)/k * bytes / inter, k servers).
+  server) plus a ring between servers over the NICs (2 (k-1)/k * bytes / inter, k servers). It runs
+  in buckets during the last micro-batch's backward (allreduce_tail_ms): L counts what is left after.
 - Pipeline latency L = Tw + Ts + Te (paper formula 2) over computation and communication stages,
   pivot Q from the paper's Algorithm 1 (formula 3).
 - ACR (activation communication ratio, sections 5.3 and 6.2): the forward + backward transfer time
@@ -45,6 +46,9 @@ from typing import List, Optional, Sequence, Tuple
 from planner.model_profile import ModelProfile
 
 PASS_OVERHEAD_MS = 0.2
+# Gradients are all-reduced in buckets of at least this many bytes, last layers first, each as soon
+# as the last micro-batch's backward has produced it (dapple_tf/gradients.py; allreduce_tail_ms).
+ALLREDUCE_BUCKET_BYTES = 25 * 2**20
 DEFAULT_OPTIMIZER_MULTIPLIER = 2.0  # Adam: two extra copies (m, v) of every weight
 # Policy B (more warm-up forwards) when the activation-communication ratio is at least this:
 # the paper picks B for VGG-19 (ACR 0.16) and GNMT-16 (0.10), A for BERT-48 (0.06), XLNet (0.03)
@@ -217,19 +221,27 @@ def allreduce_ms_per_byte(cluster, devices: Sequence[int]) -> float:
     return 1e3 * (intra + inter)
 
 
-def allreduce_tail_ms(model: ModelProfile, first: int, end: int, slice_samples: int, ar_ms_per_byte: float) -> float:
-    """AllReduce time left after the stage's last backward pass when each layer's gradients are
-    reduced as soon as the last micro-batch's backward produces them (backward/AllReduce overlap).
+def allreduce_tail_ms(model: ModelProfile, first: int, end: int, slice_samples: int, ar_ms_per_byte: float,
+                      bucket_bytes: float = ALLREDUCE_BUCKET_BYTES) -> float:
+    """AllReduce time left after the stage's last backward pass when gradients are reduced in buckets
+    as soon as the last micro-batch's backward produces them (what dapple_tf/gradients.py does).
 
-    Layers run backward from end-1 down to first; the link reduces one layer's gradients at a time.
-    Equals max over k of (AR of layers first..k) - (backward of layers first..k-1).
+    Layers run backward from end-1 down to first; a bucket closes once it holds `bucket_bytes` of
+    parameters (the last one may hold less) and is ready when the backward of its first layer ends;
+    the link reduces one bucket at a time. Returns the end of the last bucket's AllReduce minus the
+    end of the backward pass (0 if it finished before).
     """
-    tail, ar_sum, bwd_before = 0.0, 0.0, 0.0
-    for k in range(first, end):
-        ar_sum += model.parameter_bytes[k] * ar_ms_per_byte
-        tail = max(tail, ar_sum - bwd_before)
-        bwd_before += model.backward_ms[k] * slice_samples
-    return tail
+    done = 0.0       # time since the last backward began: end of the backward computed so far
+    link_free = 0.0  # when the link finishes the buckets closed so far
+    bucket = 0.0
+    for k in range(end - 1, first - 1, -1):
+        done += model.backward_ms[k] * slice_samples
+        bucket += model.parameter_bytes[k]
+        if bucket >= bucket_bytes or k == first:
+            if bucket > 0:
+                link_free = max(link_free, done) + bucket * ar_ms_per_byte
+            bucket = 0.0
+    return max(0.0, link_free - done)
 
 
 def memory_bytes(prefix: Prefix, first: int, end: int, slice_samples: int, in_flight: int,

@@ -20,9 +20,10 @@ class Options:
     """Knobs shared by all planners."""
 
     optimizer_multiplier: float = cm.DEFAULT_OPTIMIZER_MULTIPLIER
-    # Backward/AllReduce overlap on the last micro-batch. Off: the runtime all-reduces a stage's
-    # packed gradients after its last backward (dapple_tf/collectives.py); dp_overlap turns it on.
-    overlap: bool = False
+    # Backward/AllReduce overlap on the last micro-batch: the runtime all-reduces a stage's gradients
+    # in buckets as the last backward produces them (dapple_tf/gradients.py). Off: the AllReduce
+    # starts after the last backward (the "dp" baseline, the paper's "DP No Overlap").
+    overlap: bool = True
     overhead_ms: float = cm.PASS_OVERHEAD_MS
     max_stages: Optional[int] = None
     micro_batch_sizes: Optional[Sequence[int]] = None

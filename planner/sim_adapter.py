@@ -17,9 +17,9 @@ Two things the analytic formula does not have: the optimizer step (Adam reads pa
 gradients, m, v and writes parameters, m, v: 7 x parameter bytes at `optimizer_bandwidth`), and
 internal bubbles of the pivot stage. Links default to one transfer at a time in both directions
 (`duplex_links=False`), as the paper's formula treats each cut as one communication stage.
-AllReduce does not overlap the last backward by default (`overlap_allreduce=False`): the runtime
-reduces a stage's gradients as one packed buffer after its last backward (dapple_tf/collectives.py,
-read in its graph: the collective consumes the concatenation of all the stage's gradients).
+AllReduce overlaps the last backward by default (`overlap_allreduce=True`): the runtime reduces a
+stage's gradients in buckets as the last micro-batch's backward produces them (dapple_tf/gradients.py;
+measured in tests/test_planner_overlap.py); False starts it after the last backward.
 `activation_multiplier` scales stashed activations for models whose profile records only layer
 outputs (see scripts/bench_schedule_memory.py); 1.0 is what the planner assumes.
 """
@@ -53,7 +53,7 @@ def stage_costs(
     profile: Union[str, LayerCostProfile, ModelProfile],
     cluster: Optional[plan_pb2.Cluster] = None,
     *,
-    overlap_allreduce: bool = False,
+    overlap_allreduce: bool = True,
     activation_multiplier: float = 1.0,
     optimizer_multiplier: float = cm.DEFAULT_OPTIMIZER_MULTIPLIER,
     overhead_ms: float = cm.PASS_OVERHEAD_MS,
@@ -92,6 +92,10 @@ def stage_costs(
         slice_samples = cm.largest_slice(mbs, r)
         fwd = st.forward_ms or cm.stage_forward_ms(prefix, first, end, mbs, r, overhead_ms)
         bwd = st.backward_ms or cm.stage_backward_ms(prefix, first, end, mbs, r, overhead_ms)
+        if st.recompute and st.backward_ms:
+            # The plan's backward includes the recomputed forward (plan_eval); the simulator runs it
+            # as its own R box before B.
+            bwd -= fwd - overhead_ms
         per_byte = cm.allreduce_ms_per_byte(cluster, devs) if r > 1 else 0.0
         ar = st.allreduce_ms if st.allreduce_ms else prefix.parameter_bytes(first, end) * per_byte
         tail = cm.allreduce_tail_ms(model, first, end, slice_samples, per_byte) if overlap_allreduce and r > 1 else ar
@@ -149,7 +153,7 @@ def simulate_plan(
     schedule: Optional[str] = None,
     policy: Optional[str] = None,
     *,
-    overlap_allreduce: bool = False,
+    overlap_allreduce: bool = True,
     duplex_links: bool = False,
     activation_multiplier: float = 1.0,
     max_in_flight: Optional[int] = None,

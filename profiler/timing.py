@@ -26,6 +26,18 @@ def median_run_ms(sess, fetches, feed_dict=None, warmup=2, runs=5, clock="wall")
     return statistics.median(samples)
 
 
+def alternating_median_ms(runs, rounds=5, steps=5):
+    """{name: median over `rounds` of median_run_ms(sess, fetches, warmup=1, runs=steps)} for
+    runs = {name: (sess, fetches)}, measured in alternating rounds so that a shared machine's changing
+    load hits every variant alike; also {name: fastest round} as the second result."""
+    samples = {name: [] for name in runs}
+    for _ in range(max(1, rounds)):
+        for name, (sess, fetches) in runs.items():
+            samples[name].append(median_run_ms(sess, fetches, warmup=1, runs=steps))
+    return ({name: statistics.median(v) for name, v in samples.items()},
+            {name: min(v) for name, v in samples.items()})
+
+
 def overhead_probe(graph, device):
     """A no-op on `device`: running it with a feed dict costs what a timed run pays besides computing."""
     with graph.as_default(), tf.device(device):

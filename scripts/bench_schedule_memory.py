@@ -69,11 +69,11 @@ def table5_rows(profile_path: str = BERT_PROFILE, micro_batches: Sequence[int] =
     for rc in recompute:
         for kind in ("gpipe", "dapple"):
             for m in micro_batches:
-                est = evaluate(model, prefix, cluster, stages, m * micro_batch_size, micro_batch_size, Options(),
-                               schedule=kind, policy="A")
+                # With RC the plan's backward includes the recomputed forward (plan_eval), and every
+                # stage is marked: the simulator runs it as an R box before B.
+                est = evaluate(model, prefix, cluster, stages, m * micro_batch_size, micro_batch_size,
+                               Options(recompute=rc), schedule=kind, policy="A")
                 plan = to_plan(est, model, cluster, m * micro_batch_size, kind)
-                for stage in plan.stages:
-                    stage.recompute = rc
                 r = simulate_plan(plan, model, schedule=kind, policy=None if kind == "gpipe" else "A",
                                   activation_multiplier=activation_multiplier)
                 peaks = [r.peak_memory_bytes[d] for d in r.devices]

@@ -81,11 +81,9 @@ def build(batch_norm):
 def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    import statistics
-
     import tensorflow as tf
 
-    from profiler.timing import median_run_ms
+    from profiler.timing import alternating_median_ms
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
@@ -94,17 +92,11 @@ def main(argv):
           f"{FLAGS.rounds} alternating rounds of {FLAGS.steps} steps, median of the rounds' medians")
     modes = ("per_slice", "sync")
     built = {mode: build(mode) for mode in modes}
-    rounds = {mode: [] for mode in modes}
-    for _ in range(FLAGS.rounds):  # alternating, so that other processes' load hits both modes alike
-        for mode in modes:
-            sess, train_op, _ = built[mode]
-            rounds[mode].append(median_run_ms(sess, train_op, warmup=1, runs=FLAGS.steps))
+    medians, fastest = alternating_median_ms({mode: built[mode][:2] for mode in modes}, FLAGS.rounds, FLAGS.steps)
     print(f"{'batch_norm':12s} {'build s':>8s} {'step ms':>9s} {'min ms':>8s} {'step vs per_slice':>18s}")
-    base = statistics.median(rounds["per_slice"])
     for mode in modes:
-        step_ms = statistics.median(rounds[mode])
-        print(f"{mode:12s} {built[mode][2]:8.2f} {step_ms:9.1f} {min(rounds[mode]):8.1f} {step_ms / base:18.2f}",
-              flush=True)
+        print(f"{mode:12s} {built[mode][2]:8.2f} {medians[mode]:9.1f} {fastest[mode]:8.1f} "
+              f"{medians[mode] / medians['per_slice']:18.2f}", flush=True)
         built[mode][0].close()
     return 0
 

@@ -113,7 +113,8 @@ def test_allreduce_tail_overlap():
     m = tiny()
     # per-byte AR 1 ms; layers a (5 B), b (0), c (10 B), slice 1 sample; backward c=6, b=4, a=2
     # k=a: AR 5 - 0; k=b: 5 - 2; k=c: 15 - 6 -> tail 9
-    assert cm.allreduce_tail_ms(m, 0, 3, 1, 1.0) == pytest.approx(9.0)
+    assert cm.allreduce_tail_ms(m, 0, 3, 1, 1.0, bucket_bytes=0) == pytest.approx(9.0)  # a bucket per layer
+    assert cm.allreduce_tail_ms(m, 0, 3, 1, 1.0) == pytest.approx(15.0)  # one 25 MiB bucket: after the backward
 
 
 def test_memory_and_pruning():

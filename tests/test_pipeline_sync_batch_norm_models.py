@@ -18,7 +18,7 @@ def images(n, size, seed=0):
     return rng.rand(n, size, size, 3).astype(np.float32), rng.randint(0, 5, n).astype(np.int32)
 
 
-@pytest.mark.slow  # ~17-20 s: slim's 12 norms make a large gradient graph
+@pytest.mark.slow  # ~25-30 s: slim's 12 norms make a large gradient graph; built twice
 def test_slim_resnet_with_sync_batch_norm_trains_like_single_device():
     model_fn = slim_nets.small_resnet_v1(is_training=True)
     x, y = images(6, 8)
@@ -28,8 +28,13 @@ def test_slim_resnet_with_sync_batch_norm_trains_like_single_device():
     assert len(want_moving) == 2 * 12  # every slim batch norm's moving mean and variance
     weights, moving = pipelined(model_fn, x, y, stages, 2, initial=initial, schedule="gpipe", batch_norm="sync",
                                 layers=dapple_tf.layers_by_scope(depth=2))
-    assert_close(want_weights, weights, rtol=1e-4, atol=1e-5)
-    assert_close(want_moving, moving, rtol=1e-4, atol=1e-5)
+    # float32 through 12 norms and threaded conv gradients: runs differ by up to 7e-5 (seen), so 2e-4;
+    # statistics per replica slice are off by far more (asserted below).
+    assert_close(want_weights, weights, rtol=1e-4, atol=2e-4)
+    assert_close(want_moving, moving, rtol=1e-4, atol=2e-4)
+    sliced, _ = pipelined(model_fn, x, y, stages, 2, initial=initial, schedule="gpipe", batch_norm="per_slice",
+                          layers=dapple_tf.layers_by_scope(depth=2))
+    assert max_difference(want_weights, sliced) > 1e-2
 
 
 def keras_bn_model_fn(features, labels):

@@ -68,7 +68,7 @@ def test_memory_input_and_warnings():
     assert "lower bound" not in r.stderr and "shape: straight (16 stages)" in r.stdout
     r = run(f"--profile={bert}", "--global_batch_size=64", "--cluster=paper_b", "--profile_memory=11.4GB",
             "--micro_batch_sizes=32")
-    # Forced to M=2, L misses some of the pivot's waits; the simulator finds 8% more and names the phase.
-    assert "warning: bert-48: the chosen plan's analytic 1583.94 ms, simulated 1714.61 ms (+8.2%): the steady Ts" in r.stderr
+    # Forced to M=2, L misses some of the pivot's waits; the simulator finds 9% more and names the phase.
+    assert "warning: bert-48: the chosen plan's analytic 1423.02 ms, simulated 1553.69 ms (+9.2%): the steady Ts" in r.stderr
     r = run(f"--profile={bert}", "--global_batch_size=64", "--profile_memory=1GB")
     assert r.returncode == 1 and "error: " in r.stderr and "is not more than its weights and gradients" in r.stderr

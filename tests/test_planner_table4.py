@@ -62,17 +62,23 @@ def close(actual, expected):
     return len(actual) == len(expected) and all(abs(a - b) <= 1 for a, b in zip(actual, expected))
 
 
-@pytest.mark.xfail(strict=True, reason="computed 11:4:1 (A: M=64, L 635.7 / simulated 635.8 ms; B: M=32, L 659.5 / "
-                   "simulated 662.7 ms); DP all-reduces 0.55 GB after the last backward (the runtime does not "
-                   "overlap): best DP L 760.4 (A) and 906.5 ms (B), M=2")
-@pytest.mark.parametrize("cluster", ["paper_a", "paper_b"])
-def test_vgg_dp(cluster):
-    profile, p = planned("vgg-19-pbs-32", cluster, 2048)
+def test_vgg_config_a_dp():
+    # DP at M=2: the 0.55 GB AllReduce runs in buckets during the last backward (the FC layers' 0.47 GB
+    # first); L 585.1 ms, without the overlap 760.4 ms (the paper's "DP No Overlap").
+    profile, p = planned("vgg-19-pbs-32", "paper_a", 2048)
+    assert shape(p) == [16]
+    assert p.num_micro_batches == 2 and p.estimated_iteration_ms == pytest.approx(585.1, abs=0.1)
+
+
+@pytest.mark.xfail(strict=True, reason="computed 15:1 (M=4, L 636.7 / simulated 637.3 ms); DP over 16 servers at "
+                   "25 Gbps is at best L 715.1 / simulated 719.3 ms (M=2, overlapped)")
+def test_vgg_config_b_dp():
+    profile, p = planned("vgg-19-pbs-32", "paper_b", 2048)
     assert shape(p) == [16]
 
 
-@pytest.mark.xfail(strict=True, reason="computed 11:4:1 split 9:7:3 (M=16, L 715.7 / simulated 723.5 ms); the "
-                   "paper's 15:1 split 13:6 is at best L 800.1 / simulated 800.5 ms (M=32)")
+@pytest.mark.xfail(strict=True, reason="computed 15:1 split 15:4 (M=4, L 630.6 / simulated 631.2 ms): the shape "
+                   "passes; the paper's split 13:6 is at best L 788.3 / simulated 788.7 ms (M=32)")
 def test_vgg_config_c_15_1():
     profile, p = planned("vgg-19-pbs-32", "paper_c", 2048)
     assert shape(p) == [15, 1]
@@ -83,18 +89,18 @@ def test_gnmt_config_a_8_8():
     profile, p = planned("gnmt-16-pbs-64", "paper_a", 1024)
     assert shape(p) == [8, 8]
     assert close(split(profile, p, lstm_layer), [9, 7])  # 10:6 (node92's backward: see below)
-    assert p.num_micro_batches == 32 and p.estimated_iteration_ms == pytest.approx(277.3, abs=0.1)
+    assert p.num_micro_batches == 32 and p.estimated_iteration_ms == pytest.approx(272.8, abs=0.1)
 
 
-@pytest.mark.xfail(strict=True, reason="computed 2:3:2:4:5 (M=32, L 413.7 / simulated 415.5 ms); the paper's "
-                   "8:8 split 9:7 is at best L 663.0 / simulated 668.1 ms (M=32): each 8-device stage reduces "
+@pytest.mark.xfail(strict=True, reason="computed 2:3:2:4:5 (M=32, L 409.3 / simulated 411.2 ms); the paper's "
+                   "8:8 split 9:7 is at best L 656.8 / simulated 661.9 ms (M=16): each 8-device stage reduces "
                    "0.58 GB over 25 Gbps")
 def test_gnmt_config_b_8_8():
     profile, p = planned("gnmt-16-pbs-64", "paper_b", 1024)
     assert shape(p) == [8, 8]
 
 
-@pytest.mark.xfail(strict=True, reason="computed 2:1:1:2:2:4:4 (M=64, L 637.0 / simulated 642.2 ms); the best "
+@pytest.mark.xfail(strict=True, reason="computed 2:1:1:2:2:4:4 (M=64, L 634.4 / simulated 639.6 ms); the best "
                    "straight plan L 685.7 / simulated 688.3 ms (M=128) is bound by LSTM node92 (backward 31.0 ms "
                    "at batch 64, other decoder LSTMs 8.5 ms; at 8.5 ms the planner picks straight, below)")
 def test_gnmt_config_c_straight():
@@ -105,11 +111,11 @@ def test_gnmt_config_c_straight():
 def test_bert_config_a_8_8():
     profile, p = planned("bert-48-pbs-2", "paper_a", 64)
     assert shape(p) == [8, 8]
-    assert p.num_micro_batches == 8 and p.estimated_iteration_ms == pytest.approx(797.4, abs=0.1)
+    assert p.num_micro_batches == 8 and p.estimated_iteration_ms == pytest.approx(781.8, abs=0.1)
 
 
 def test_bert_config_a_split_23_25():
-    # 24:24 (the profile's 48 encoder layers are identical); the paper's 23:25 is L 821.8 ms.
+    # 24:24 (the profile's 48 encoder layers are identical); the paper's 23:25 is L 806.9 ms.
     profile, p = planned("bert-48-pbs-2", "paper_a", 64)
     assert close(split(profile, p, encoder_layer), [23, 25])
 
@@ -222,5 +228,5 @@ def test_gnmt_profile_with_regular_last_lstm():
         assert p.estimated_iteration_ms == pytest.approx(427.0, abs=0.1)
         p = plan(profile, preset_cluster("paper_a"), 1024, simulate=True, profile_memory="3.9GB")
         assert shape(p) == [8, 8] and split(profile, p, lstm_layer) == [9, 7]
-        assert p.estimated_iteration_ms == pytest.approx(256.1, abs=0.1)
-        assert p.simulated_iteration_ms == pytest.approx(261.2, abs=0.1)
+        assert p.estimated_iteration_ms == pytest.approx(250.4, abs=0.1)
+        assert p.simulated_iteration_ms == pytest.approx(255.5, abs=0.1)
