@@ -16,6 +16,13 @@ Where the kept bytes come from, per sample (`kept_bytes_per_sample`):
    else in proportion to their output bytes; per sample it is divided by b.
 2. Measured kept bytes without a step figure: used as they are.
 3. Neither: the output bytes (a lower bound; `lower_bound` is True and the planner says so).
+Backward working memory (`backward_working_bytes`, measured by the profiler with the allocator): what
+a layer's backward allocates at its peak besides its weight gradients (counted with the parameters):
+input gradients and temporaries (an unrolled LSTM sums its per-step slice gradients from dense
+buffers of the whole gate tensor). One backward runs at a time on
+a device, so a stage needs it once, for one slice: slice x the largest per-sample working bytes of its
+layers (`stage_working_bytes`), not per in-flight micro-batch. The step's peak holds it once too, so
+with a step figure A is reduced by the model's largest working bytes before it is spread.
 Input nodes (PipeDream's `Input*`) keep nothing: they are not layers (planner/profile.py).
 """
 
@@ -60,11 +67,14 @@ def side_file_memory(profile_path: str) -> Optional[float]:
 
 def kept_bytes_per_sample(output_bytes: Sequence[float], measured_kept: Sequence[float],
                           parameter_bytes: Sequence[float], is_input: Sequence[bool], batch_size: int,
-                          step_bytes: Optional[float], model_name: str = "model") -> Tuple[List[float], str]:
+                          step_bytes: Optional[float], model_name: str = "model",
+                          working_bytes: Sequence[float] = ()) -> Tuple[List[float], str]:
     """(per-layer kept bytes per sample, source) with source one of "step", "measured", "lower_bound".
 
-    `output_bytes` and `measured_kept` are for the whole profile batch (measured_kept all 0 when not
-    measured); `step_bytes` is the step memory at the profile batch size, or None."""
+    `output_bytes`, `measured_kept` and `working_bytes` (backward working memory) are for the whole
+    profile batch (0 / empty when not measured); `step_bytes` is the step memory at the profile batch
+    size, or None. The step's activation part excludes the largest working bytes (held once, beside
+    what the layers keep; at least 0: a step peak below one layer's backward leaves nothing to spread)."""
     has_measured = any(v > 0 for v in measured_kept)
     weights = [0.0 if inp else float(k if has_measured else o)
                for o, k, inp in zip(output_bytes, measured_kept, is_input)]
@@ -77,11 +87,18 @@ def kept_bytes_per_sample(output_bytes: Sequence[float], measured_kept: Sequence
         raise MemoryInputError(
             f"{model_name}: step memory {step_bytes / 1e9:.3g} GB at batch {batch_size} is not more than its "
             f"weights and gradients (2 x {sum(parameter_bytes) / 1e9:.3g} GB): nothing left for activations")
+    activations = max(activations - max(working_bytes, default=0.0), 0.0)
     total = sum(weights)
     if total <= 0:
         n = sum(1 for inp in is_input if not inp) or 1
         return [0.0 if inp else activations / n / batch_size for inp in is_input], "step"
     return [activations * w / total / batch_size for w in weights], "step"
+
+
+def stage_working_bytes(working_per_sample: Sequence[float], first: int, end: int, slice_samples: int) -> float:
+    """Backward working memory of a stage of layers [first, end): one slice of its largest layer's
+    per-sample working bytes (one backward at a time)."""
+    return slice_samples * max(working_per_sample[first:end], default=0.0)
 
 
 LOWER_BOUND_NOTE = ("the profile has no memory figures (no measured kept bytes or step memory, no --profile_memory): "

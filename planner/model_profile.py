@@ -29,6 +29,8 @@ class ModelProfile:
     kept_bytes: what each layer keeps for its backward (planner/memory_model.py); memory_source
     says where it came from ("step", "measured" or "lower_bound"). input_bytes: the model inputs a
     layer reads directly (the profile's input_bytes; an Input node's bytes go to its first consumer).
+    working_bytes: per-sample backward working memory (the profile's backward_working_bytes; 0 when
+    not measured), held once per stage (memory_model.stage_working_bytes).
     """
 
     name: str
@@ -43,6 +45,7 @@ class ModelProfile:
     kept_bytes: List[float] = dataclasses.field(default_factory=list)
     input_bytes: List[float] = dataclasses.field(default_factory=list)
     is_input: List[bool] = dataclasses.field(default_factory=list)
+    working_bytes: List[float] = dataclasses.field(default_factory=list)
     memory_source: str = "lower_bound"
 
     def __post_init__(self):
@@ -52,6 +55,8 @@ class ModelProfile:
             self.kept_bytes = list(self.activation_bytes)
         if not self.input_bytes:
             self.input_bytes = [0.0] * len(self.names)
+        if not self.working_bytes:
+            self.working_bytes = [0.0] * len(self.names)
 
     @property
     def num_layers(self) -> int:
@@ -78,7 +83,8 @@ class ModelProfile:
         params = [0.0 if inp else layer.parameter_bytes for layer, inp in zip(layers, is_input)]
         kept, source = kept_bytes_per_sample(
             [layer.activation_bytes for layer in layers], [layer.backward_kept_bytes for layer in layers],
-            params, is_input, profile.batch_size, step_memory_bytes, profile.model_name or "model")
+            params, is_input, profile.batch_size, step_memory_bytes, profile.model_name or "model",
+            [0.0 if inp else layer.backward_working_bytes for layer, inp in zip(layers, is_input)])
         input_bytes = [layer.input_bytes / bs for layer in layers]
         for i, layer in enumerate(layers):
             if is_input[i]:
@@ -98,5 +104,6 @@ class ModelProfile:
             kept_bytes=kept,
             input_bytes=input_bytes,
             is_input=is_input,
+            working_bytes=[0.0 if inp else layer.backward_working_bytes / bs for layer, inp in zip(layers, is_input)],
             memory_source=source,
         )

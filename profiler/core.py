@@ -16,7 +16,11 @@ does not pay per layer; clamped at 0), so that the sum of a profile's forward+ba
 estimates one training step's compute (tests/test_profiler.py checks it is within 30%).
 Memory kept for backward (backward_kept_bytes): the bytes of the tensors layer i's gradient ops read
 from the forward pass (its inputs and its own intermediates), from the recorded values. With
-step_memory, one whole forward+backward step's peak (step_peak_bytes) from TF's allocator statistics.
+step_memory, from TF's allocator statistics (profiler/memory.py): one whole forward+backward step's
+peak (step_peak_bytes) and, per layer, what its backward allocates at its peak beyond the fed forward
+values and its dense weight gradients (backward_working_bytes: input gradients and temporaries, e.g.
+an unrolled LSTM's per-step slice gradients, each a dense buffer of the whole gate tensor until they
+are summed; the weight gradients are counted with the parameters).
 Sizes are exact: activation bytes = bytes of every tensor leaving the layer (its recorded values;
 per tensor in output_activation_bytes when there are several); parameter bytes = shape x dtype size
 of the layer's trainable variables. The DAG: layer j is an input of layer i when i consumes a tensor
@@ -33,6 +37,7 @@ from dapple_tf.layers import LayerRecorder
 from dapple_tf.outputs import split_model_result
 from planner.schemas import layer_cost_pb2
 from profiler.analysis import analyze_layers, tensor_bytes
+from profiler.memory import backward_working_bytes, step_peak_bytes
 from profiler.timing import net_run_ms, overhead_probe
 
 
@@ -97,9 +102,9 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
     `clock`: "wall" (elapsed time, the default) or "cpu" (process CPU time, for shared machines);
     `threads`: TF thread-pool sizes (0: default). `layers`: None (dapple_tf.layer markers) or
     dapple_tf.layers_by_scope(...), as given to build_pipeline. model_fn may also return (loss, {name: tensor}).
-    `step_memory`: also measure one forward+backward step's peak memory (step_peak_bytes, see
-    step_peak_bytes). Raises LayerMarkerError (a ValueError) for a model that breaks the
-    marker contract and ValueError for an unavailable device.
+    `step_memory`: also measure one forward+backward step's peak memory (step_peak_bytes) and each
+    layer's backward_working_bytes (profiler/memory.py). Raises LayerMarkerError (a ValueError) for
+    a model that breaks the marker contract and ValueError for an unavailable device.
     """
     graph = tf.Graph()
     with graph.as_default(), tf.device(device):
@@ -139,9 +144,9 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
             feed = {t: values[t.name] for t in info.inputs}
             fwd_target = sorted({t.op for t in info.outputs}, key=lambda op: op.name)  # run, not fetched
             fwd_ms = net_run_ms(sess, fwd_target, probe, feed, warmup, runs, clock) if fwd_target else 0.0
-            bwd_ms = kept = 0.0
+            bwd_ms = kept = working = 0.0
             if bwd is not None:
-                target, fed_forward, grad_ys, read_inputs = bwd
+                target, fed_forward, grad_ys, read_inputs, weight_grad_bytes = bwd
                 forward_values = sess.run(fed_forward, feed_dict=feed) if fed_forward else []
                 # Kept for backward: the forward tensors and the inputs this layer's gradient ops read.
                 kept = float(sum(v.nbytes for v in forward_values) + sum(values[t.name].nbytes for t in read_inputs))
@@ -150,9 +155,11 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
                 for ph, out in grad_ys:
                     bwd_feed[ph] = (rng.standard_normal(values[out.name].shape) * 1e-3).astype(ph.dtype.as_numpy_dtype)
                 bwd_ms = net_run_ms(sess, target, probe, bwd_feed, warmup, runs, clock)
+                if step_memory:
+                    working = max(backward_working_bytes(sess, target, probe, bwd_feed, device) - weight_grad_bytes, 0.0)
             layer = profile.layers.add(
                 name=info.name, index=info.index, description=_describe(info),
-                forward_ms=fwd_ms, backward_ms=bwd_ms, backward_kept_bytes=kept,
+                forward_ms=fwd_ms, backward_ms=bwd_ms, backward_kept_bytes=kept, backward_working_bytes=working,
                 input_bytes=float(sum(values[t.name].nbytes for t in info.inputs if t.name in model_inputs)),
                 activation_bytes=float(sum(values[t.name].nbytes for t in info.outputs)),
                 parameter_bytes=float(sum(tensor_bytes(v) for v in info.variables)),
@@ -162,31 +169,14 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
             if progress:
                 progress(info.index + 1, len(infos), layer)
         if step_memory:
-            profile.step_peak_bytes = step_peak_bytes(sess, step_grads, base_feed, device, profile)
+            profile.step_peak_bytes = step_peak_bytes(sess, step_grads, base_feed, device,
+                                                      sum(layer.parameter_bytes for layer in profile.layers))
     return profile
-
-
-def step_peak_bytes(sess, grads, feed, device, profile) -> float:
-    """Weights plus the allocator's peak above its use before one forward+backward step (gradients
-    and what the step keeps for backward), on `device`. Needs TF's BFC allocator on CPU
-    (TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts): RuntimeError otherwise."""
-    name = tf.DeviceSpec.from_string(device)
-    name = f"{name.device_type.upper()}:{name.device_index or 0}"
-    sess.run(grads, feed_dict=feed)  # warm-up: allocator pools, constant folding
-    try:
-        start = tf.config.experimental.get_memory_info(name)["current"]
-        tf.config.experimental.reset_memory_stats(name)
-    except ValueError as e:
-        raise RuntimeError(f"cannot read allocator statistics of {name} (on CPU set TF_CPU_ALLOCATOR_USE_BFC=true "
-                           f"before TensorFlow starts): {e}") from None
-    sess.run(grads, feed_dict=feed)
-    peak = tf.config.experimental.get_memory_info(name)["peak"]
-    return float(peak - start + sum(layer.parameter_bytes for layer in profile.layers))
 
 
 def _build_backward(infos):
     """Per layer: (gradient target op, forward tensors to feed, [(grad_ys placeholder, output)],
-    the layer's inputs its gradient ops read) or None."""
+    the layer's inputs its gradient ops read, bytes of its dense weight gradients) or None."""
     graph = tf.compat.v1.get_default_graph()
     dependent = _variable_dependent_ops(graph)
     result = []
@@ -207,6 +197,9 @@ def _build_backward(infos):
                     grad_ys.append(tf.compat.v1.placeholder(y.dtype, y.shape, name="grad_y"))
             # stop at the layer's inputs: the gradient must not flow on into earlier layers
             grads = tf.gradients(ys, xs, grad_ys=grad_ys, stop_gradients=list(info.inputs))
+            # dense weight gradients: the planner counts them with the parameters (2 x weights)
+            weight_grad_bytes = sum(tensor_bytes(v) for v, g in zip(info.variables, grads[-len(info.variables):])
+                                    if isinstance(g, tf.Tensor)) if info.variables else 0
             grads = [g for g in grads if g is not None]
             if not grads:
                 result.append(None)
@@ -223,7 +216,8 @@ def _build_backward(infos):
                     fed[t.name] = t
         read_inputs = {t.name: t for op in graph.get_operations()[first:] for t in op.inputs if t.name in input_names}
         pairs = [(ph, y) for ph, y in zip(grad_ys, ys) if ph is not None]
-        result.append((target, [fed[n] for n in sorted(fed)], pairs, [read_inputs[n] for n in sorted(read_inputs)]))
+        result.append((target, [fed[n] for n in sorted(fed)], pairs, [read_inputs[n] for n in sorted(read_inputs)],
+                       weight_grad_bytes))
     return result
 
 

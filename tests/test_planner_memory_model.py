@@ -8,7 +8,8 @@ import pytest
 from planner import cost_model as cm
 from planner.api import MemoryLowerBoundWarning, PlanningError, plan
 from planner.cluster import make_cluster, preset_cluster
-from planner.memory_model import MemoryInputError, kept_bytes_per_sample, parse_size, side_file_memory
+from planner.memory_model import (MemoryInputError, kept_bytes_per_sample, parse_size, side_file_memory,
+                                  stage_working_bytes)
 from planner.profile import ModelProfile, load_profile
 from planner.schemas import plan_pb2
 from tests.shared_profiles import PROFILES
@@ -39,6 +40,18 @@ def test_measured_kept_bytes_are_the_weights_of_the_spread():
     assert source == "measured" and kept == [15, 5]
     kept, source = kept_bytes_per_sample([10, 10], [30, 10], [5, 5], [False, False], 2, 100)
     assert source == "step" and kept == [(100 - 20) * 0.75 / 2, (100 - 20) * 0.25 / 2]
+
+
+def test_backward_working_bytes_are_held_once_by_the_step_and_by_a_stage():
+    # The step peak (100) holds 2 x weights (20), the largest backward's working bytes once (24) and
+    # the kept bytes (56), spread 3:1.
+    kept, source = kept_bytes_per_sample([10, 10], [30, 10], [5, 5], [False, False], 2, 100,
+                                         working_bytes=[24, 8])
+    assert source == "step" and kept == [56 * 0.75 / 2, 56 * 0.25 / 2]
+    # more working than the step's activations leaves nothing to spread
+    assert kept_bytes_per_sample([10], [30], [5], [False], 2, 100, working_bytes=[200])[0] == [0.0]
+    # a stage needs one slice of its largest layer's working bytes per sample
+    assert stage_working_bytes([12.0, 4.0, 30.0], 0, 2, 8) == 96.0 and stage_working_bytes([], 0, 0, 8) == 0.0
 
 
 def test_step_memory_below_the_weights_is_an_error():

@@ -1,0 +1,48 @@
+"""Memory a run allocates, from TF's allocator statistics (BFC allocator; on CPU it needs
+TF_CPU_ALLOCATOR_USE_BFC=true set before TensorFlow starts).
+
+- `run_peak_bytes`: the allocator's peak above its use before one session run.
+- `step_peak_bytes`: a forward+backward step's peak plus the weights (LayerCostProfile.step_peak_bytes).
+- `backward_working_bytes`: what one layer's backward allocates at its peak (the gradients it
+  produces and its temporaries, e.g. the dense gradient buffers an unrolled loop's per-step slices
+  are aggregated from), beyond the fed forward values: the peak of the backward run minus that of a
+  no-op run with the same feeds (the feeding itself may allocate).
+"""
+
+import tensorflow as tf
+
+
+def allocator_name(device: str) -> str:
+    """`CPU:0` for /device:CPU:0 (the name tf.config.experimental.get_memory_info takes)."""
+    spec = tf.DeviceSpec.from_string(device)
+    return f"{spec.device_type.upper()}:{spec.device_index or 0}"
+
+
+def run_peak_bytes(sess, fetches, feed, device: str) -> float:
+    """Allocator peak on `device` above its use before one `sess.run(fetches, feed)`; RuntimeError
+    when the allocator keeps no statistics (CPU without TF_CPU_ALLOCATOR_USE_BFC=true)."""
+    name = allocator_name(device)
+    try:
+        start = tf.config.experimental.get_memory_info(name)["current"]
+        tf.config.experimental.reset_memory_stats(name)
+    except ValueError as e:
+        raise RuntimeError(f"cannot read allocator statistics of {name} (on CPU set TF_CPU_ALLOCATOR_USE_BFC=true "
+                           f"before TensorFlow starts): {e}") from None
+    sess.run(fetches, feed_dict=feed)
+    return float(tf.config.experimental.get_memory_info(name)["peak"] - start)
+
+
+def step_peak_bytes(sess, grads, feed, device, parameter_bytes: float) -> float:
+    """Weights plus the allocator's peak above its use before one forward+backward step (gradients
+    and what the step keeps for backward), on `device`."""
+    sess.run(grads, feed_dict=feed)  # warm-up: allocator pools, constant folding
+    return run_peak_bytes(sess, grads, feed, device) + parameter_bytes
+
+
+def backward_working_bytes(sess, target, probe, feed, device) -> float:
+    """Peak bytes one layer's backward run (`target` fed its forward values) allocates beyond the
+    feeding: peak of the run minus the peak of the no-op `probe` with the same feeds (>= 0)."""
+    sess.run(target, feed_dict=feed)  # warm-up
+    total = run_peak_bytes(sess, target, feed, device)
+    feeding = run_peak_bytes(sess, probe, feed, device)
+    return max(total - feeding, 0.0)
