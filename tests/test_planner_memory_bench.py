@@ -9,6 +9,7 @@ import pytest
 from tests.programs import run_program
 
 
+@pytest.mark.slow
 def test_estimated_peak_within_25_percent_of_measured(tmp_path):
     out = tmp_path / "rows.json"
     r = run_program("bench_planner_memory", "--models=mlp,vgg19,gnmt", f"--json={out}")
