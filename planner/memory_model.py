@@ -21,8 +21,9 @@ a layer's backward allocates at its peak besides its weight gradients (counted w
 input gradients and temporaries (an unrolled LSTM sums its per-step slice gradients from dense
 buffers of the whole gate tensor). One backward runs at a time on
 a device, so a stage needs it once, for one slice: slice x the largest per-sample working bytes of its
-layers (`stage_working_bytes`), not per in-flight micro-batch. The step's peak holds it once too, so
-with a step figure A is reduced by the model's largest working bytes before it is spread.
+layers (`stage_working_bytes`), not per in-flight micro-batch. The step's peak holds it once too: it
+is at most every layer's kept bytes plus the largest working bytes, and the spread takes that bound
+as the peak (A less the model's largest working bytes is spread over the kept bytes).
 Input nodes (PipeDream's `Input*`) keep nothing: they are not layers (planner/profile.py).
 """
 
