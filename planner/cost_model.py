@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 from typing import List, Optional, Sequence, Tuple
 
+from planner.memory_model import stage_working_bytes
 from planner.model_profile import ModelProfile
 
 PASS_OVERHEAD_MS = 0.2
@@ -68,6 +69,7 @@ class Prefix:
         self.kept = [0.0] * (n + 1)
         self.inputs = [0.0] * (n + 1)
         self._largest = {}
+        self._working = {}
         for i in range(n):
             self.fwd[i + 1] = self.fwd[i] + model.forward_ms[i]
             self.bwd[i + 1] = self.bwd[i] + model.backward_ms[i]
@@ -105,6 +107,15 @@ class Prefix:
         v = self._largest.get(key)
         if v is None:
             v = self._largest[key] = max(self.model.parameter_bytes[first:end], default=0.0)
+        return v
+
+    def largest_working_per_sample(self, first: int, end: int) -> float:
+        """Backward working bytes per sample of the largest layer in [first, end) (cached per range;
+        memory_model.stage_working_bytes)."""
+        key = (first, end)
+        v = self._working.get(key)
+        if v is None:
+            v = self._working[key] = stage_working_bytes(self.model.working_bytes, first, end, 1)
         return v
 
     def input_per_sample(self, first: int, end: int) -> float:
@@ -255,7 +266,8 @@ def memory_bytes(prefix: Prefix, first: int, end: int, slice_samples: int, in_fl
     - what the stage keeps for backward for each of its `in_flight` micro-batch slices (kept bytes
       per sample x slice);
     - the model inputs its layers read, for all its slices of the global batch
-      (num_micro_batches x slice: the runtime splits the global batch it is given).
+      (num_micro_batches x slice: the runtime splits the global batch it is given);
+    - one slice of its largest layer's backward working memory (one backward runs at a time).
     With `recompute` (re-computation, GPipe's): per in-flight slice only the stage's boundary
     inputs (the bytes crossing the cut before `first`), plus one slice's kept bytes while its
     backward recomputes the forward."""
@@ -265,7 +277,8 @@ def memory_bytes(prefix: Prefix, first: int, end: int, slice_samples: int, in_fl
         activations = in_flight * slice_samples * prefix.cut[first] + slice_samples * prefix.kept_per_sample(first, end)
     else:
         activations = in_flight * slice_samples * prefix.kept_per_sample(first, end)
-    return (params * (2.0 + optimizer_multiplier) + transient + activations
+    working = slice_samples * prefix.largest_working_per_sample(first, end)
+    return (params * (2.0 + optimizer_multiplier) + transient + activations + working
             + num_micro_batches * slice_samples * prefix.input_per_sample(first, end) + extra_bytes)
 
 

@@ -6,8 +6,7 @@ CPU devices, and compare per device:
 - estimated: the planner's stage memory (planner/cost_model.memory_bytes: weights, the gradient
   running sum and one micro-batch's gradients, SGD keeps no optimizer state; K_i x micro-batch x
   kept bytes per sample with the schedule's K_i; the stage's model inputs for the global batch;
-  one micro-batch of its largest layer backward's working memory, memory_model.stage_working_bytes,
-  passed as extra_bytes);
+  one micro-batch of its largest layer backward's working memory, memory_model.stage_working_bytes);
 - measured: one pipelined training step of dapple_tf (schedule dapple) traced with RunMetadata step
   stats: the peak of the device's allocation records (allocations minus deallocations over time,
   TF's tracking allocator) plus the bytes of the variables placed on the device.
@@ -73,7 +72,6 @@ def measure(name, mbs, m):
     import models
     import profiler
     from planner import cost_model as cm
-    from planner.memory_model import stage_working_bytes
     from planner.model_profile import ModelProfile
 
     spec = models.get_model(name, "tiny")
@@ -85,8 +83,7 @@ def measure(name, mbs, m):
     plan = dapple_tf.Plan.from_stages([(0, cut - 1, ["/device:CPU:0"]), (cut, n - 1, ["/device:CPU:1"])],
                                       num_micro_batches=m)
     warmup = [min(2 - i, m) for i in range(2)]  # policy A, the runtime's default for from_stages plans
-    estimated = [cm.memory_bytes(prefix, a, e, mbs, k, optimizer_multiplier=0.0, num_micro_batches=m,
-                                 extra_bytes=stage_working_bytes(model.working_bytes, a, e, mbs))
+    estimated = [cm.memory_bytes(prefix, a, e, mbs, k, optimizer_multiplier=0.0, num_micro_batches=m)
                  for (a, e), k in zip([(0, cut), (cut, n)], warmup)]
     measured = measured_peaks(spec, plan, mbs * m)
     return {"model": name, "layers": n, "cut": cut, "estimated": estimated,
