@@ -220,13 +220,17 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
         base = [r for k, r in results.items() if isinstance(r, Estimate) and k != "dp"]
         floor = min((r.latency for r in base), default=float("inf"))
         seed = None
+        full_sizes = sizes
         if cluster.num_servers * cluster.devices_per_server > LARGE_CLUSTER_DEVICES:
-            # Large clusters: a coarse pass first; its best plan bounds the full search.
+            # Large clusters: a coarse pass over every size first; its best plan bounds the full
+            # search, which refines that plan's micro-batch size only (an approximation, like the
+            # rest of the large-cluster search: dapple_planner.py).
             seed, _ = best_estimate("dapple_prepass", model, prefix, cluster, global_batch_size, opts, sizes, floor)
             floor = seed.latency if seed is not None else floor
+            full_sizes = [seed.micro_batch_size] if seed is not None else sizes
         use_sim = opts.select == "simulation" and cluster.num_servers * cluster.devices_per_server <= LARGE_CLUSTER_DEVICES
         top = PerSizeTop(SIM_CANDIDATES) if use_sim else None
-        best, bad = best_estimate("dapple", model, prefix, cluster, global_batch_size, opts, sizes,
+        best, bad = best_estimate("dapple", model, prefix, cluster, global_batch_size, opts, full_sizes,
                                   float("inf") if use_sim else floor, top)
         best = best or seed
         large = cluster.num_servers * cluster.devices_per_server > LARGE_CLUSTER_DEVICES
