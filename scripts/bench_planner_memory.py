@@ -7,9 +7,10 @@ CPU devices, and compare per device:
   running sum and one micro-batch's gradients, SGD keeps no optimizer state; K_i x micro-batch x
   kept bytes per sample with the schedule's K_i; the stage's model inputs for the global batch;
   one micro-batch of its largest layer backward's working memory, memory_model.stage_working_bytes);
-- measured: one pipelined training step of dapple_tf (schedule dapple) traced with RunMetadata step
+- measured: pipelined training steps of dapple_tf (schedule dapple) traced with RunMetadata step
   stats: the peak of the device's allocation records (allocations minus deallocations over time,
-  TF's tracking allocator) plus the bytes of the variables placed on the device.
+  TF's tracking allocator), median over 3 traced steps, plus the bytes of the variables placed on
+  the device.
 
     python -m scripts.bench_planner_memory [--models=mlp,bert] [--micro_batch_size=8] [--json=out.json]
 """
@@ -32,8 +33,12 @@ flags.DEFINE_integer("micro_batches", 4, "M of the 2-stage plan.")
 flags.DEFINE_string("json", None, "Also write the rows here.")
 
 
-def measured_peaks(spec, plan, global_batch):
-    """{device name: peak bytes} of one traced pipelined step (allocation records + variables)."""
+def measured_peaks(spec, plan, global_batch, steps=3):
+    """{device name: peak bytes} of a traced pipelined step (allocation records + variables): the median
+    over `steps` traced steps, since the executor's op order moves a step's peak (VGG-19's first device:
+    1.45-1.76 MiB between single steps)."""
+    import statistics
+
     import tensorflow as tf
 
     import dapple_tf
@@ -45,22 +50,25 @@ def measured_peaks(spec, plan, global_batch):
         handle = dapple_tf.build_pipeline(spec.model_fn, features, labels,
                                           tf.compat.v1.train.GradientDescentOptimizer(0.01), plan, "dapple")
         variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
+        metas = []
         with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={"CPU": 2})) as sess:
             sess.run(handle.initializer)
             sess.run(handle.train_op)  # warm-up
-            meta = tf.compat.v1.RunMetadata()
-            sess.run(handle.train_op, run_metadata=meta,
-                     options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
-        peaks = {}
-        for dev in meta.step_stats.dev_stats:
-            records = sorted((r.alloc_micros, r.alloc_bytes) for node in dev.node_stats for mem in node.memory
-                             for r in mem.allocation_records)
-            live = peak = 0
-            for _, nbytes in records:
-                live += nbytes
-                peak = max(peak, live)
-            name = "CPU:" + dev.device.rsplit(":", 1)[-1]
-            peaks[name] = peak
+            for _ in range(steps):
+                metas.append(tf.compat.v1.RunMetadata())
+                sess.run(handle.train_op, run_metadata=metas[-1],
+                         options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
+        per_step = {}
+        for meta in metas:
+            for dev in meta.step_stats.dev_stats:
+                records = sorted((r.alloc_micros, r.alloc_bytes) for node in dev.node_stats for mem in node.memory
+                                 for r in mem.allocation_records)
+                live = peak = 0
+                for _, nbytes in records:
+                    live += nbytes
+                    peak = max(peak, live)
+                per_step.setdefault("CPU:" + dev.device.rsplit(":", 1)[-1], []).append(peak)
+        peaks = {name: statistics.median(values) for name, values in per_step.items()}
         for v in variables:
             name = "CPU:" + (v.device.rsplit(":", 1)[-1] if v.device else "0")
             peaks[name] = peaks.get(name, 0) + v.shape.num_elements() * v.dtype.size

@@ -60,14 +60,39 @@ def reduces_and_last_backward(handle, timeline, index):
     return reduces, last_backward_end
 
 
+def upstream_ops(tensor_or_op):
+    """Every op a tensor or op depends on (data and control edges)."""
+    start = tensor_or_op.op if isinstance(tensor_or_op, tf.Tensor) else tensor_or_op
+    seen, stack = set(), [start]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen
+
+
 def test_allreduce_buckets_start_during_the_last_backward():
     assert Options().overlap is True
     handle, timeline = traced_step(bucket_bytes=0)  # one bucket per variable: w1, then w0
+    graph = handle.train_op.graph
     for index in range(2):
         reduces, last_backward_end = reduces_and_last_backward(handle, timeline, index)
         assert len(reduces) == 2
-        # w1's bucket starts while the backward of dense0 (768 x 768 weights) still runs.
-        assert reduces[0] < last_backward_end, (index, reduces, last_backward_end)
+        # The graph lets w1's bucket start during the last backward: its collective does not depend on
+        # dense0's backward (the 768 x 768 weight gradient) of the last micro-batch, which w0's does.
+        collectives = sorted((op for op in graph.get_operations() if op.type.startswith("CollectiveReduce")
+                              and op.device.endswith(f"CPU:{index}")), key=lambda op: timeline[op.name][1])
+        last_key = max((key for key in handle.task_op_names if key[0] == DEVICES[index] and key[1].kind == "B"),
+                       key=lambda key: key[1].micro_batch)
+        last_ops = {graph.get_operation_by_name(n) for n in handle.task_op_names[last_key]}
+        dense0_grad = {op for op in last_ops if op.type == "MatMul" and op.inputs[1].shape[-1] == 768}
+        assert dense0_grad and not dense0_grad & upstream_ops(collectives[0])
+        assert dense0_grad & upstream_ops(collectives[1])
+    # Whether it does start early is the executor's choice: with free inter-op threads (8 here) it
+    # usually does (WORKSPACE_NOTES.md, item 4 of "Planner fidelity"); a timing assertion would be flaky.
 
 
 def test_one_bucket_starts_after_the_last_backward():
