@@ -89,12 +89,14 @@ def _buckets(group: List[tf.Variable], accumulator: GradientAccumulator, device:
 
 
 def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys,
-                    cross_process_reduce=None, bucket_bytes: Optional[float] = None):
+                    cross_process_reduce=None, bucket_bytes: Optional[float] = None,
+                    start_after: Optional[tf.Operation] = None):
     """AllReduce per (device set, dtype) in buckets; returns (grads_and_vars, (grad, copy) pairs to apply).
 
     cross_process_reduce(buffer) -> buffer, if given, reduces each bucket's packed in-process sum
     once across processes (dapple_tf.horovod), weighted by the process's share of the batch.
-    bucket_bytes: see the module docstring (None: ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable)."""
+    bucket_bytes: see the module docstring (None: ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
+    start_after: an op every device's first collective waits for (build_pipeline's stale-copy check)."""
     bucket_bytes = ALLREDUCE_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     devices_of = accumulator.devices_of()
     groups: Dict[Tuple[Tuple[str, ...], tf.DType], List[tf.Variable]] = {}
@@ -104,7 +106,9 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
     position = {op: i for i, op in enumerate(graph.get_operations())} if graph is not None else {}
     reduced: Dict[Key, object] = {}
     exposed: Dict[tf.Variable, object] = {}
-    last_collective: Dict[str, tf.Tensor] = {}
+    last_collective: Dict[str, object] = {}
+    if start_after is not None:
+        last_collective = {d: start_after for devices in devices_of.values() for d in devices}
     # One fixed order of collectives on every device (NCCL needs it on overlapping groups).
     for devices, dtype in sorted(groups, key=lambda key: (key[0], key[1].name)):
         summed: Dict[Key, tf.Tensor] = {}

@@ -179,11 +179,14 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     with tf.device(stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
 
+    # The first collective on every device waits for the stale-copy check, so a failing check stops the
+    # step with its own message, not with the collectives it would otherwise cancel mid-flight.
+    stale_copy_check = copies.stale_copy_check()
     grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys, cross_process_reduce,
-                                                              allreduce_bucket_bytes)
+                                                              allreduce_bucket_bytes, start_after=stale_copy_check)
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
-    with tf.control_dependencies([copies.stale_copy_check()]):
+    with tf.control_dependencies([stale_copy_check]):
         apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
     train_op = tf.group(apply_op, *update_ops, name="dapple_train") if update_ops else apply_op
     slot_pairs = copies.localize_slots(optimizer)
