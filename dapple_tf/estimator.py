@@ -27,6 +27,7 @@ import tensorflow as tf
 import tensorflow_estimator as tf_estimator
 
 from dapple_tf.errors import DappleError
+from dapple_tf.graph_walk import depends_on_any
 from dapple_tf.layers import LayerRecorder
 from dapple_tf.pipeline import build_pipeline
 
@@ -85,24 +86,10 @@ def _drop_template_summaries(graph: tf.Graph, first_new_op: int) -> None:
     """Removes from SUMMARIES the summaries that read a placeholder the pipeline build created."""
     new_placeholders = {op for op in graph.get_operations()[first_new_op:] if op.type == "Placeholder"}
     summaries = graph.get_collection_ref(tf.compat.v1.GraphKeys.SUMMARIES)
-    dropped = [s for s in summaries if _reads_any(s.op, new_placeholders)]
+    dropped = [s for s in summaries if depends_on_any(s.op, new_placeholders)]
     for summary in dropped:
         summaries.remove(summary)
     if dropped:
         tf.compat.v1.logging.warning(
             "dapple_tf.estimator: summaries %s read the model's inputs and are not recorded in pipelined training "
             "(the loss is); summaries of variables are", [s.op.name for s in dropped])
-
-
-def _reads_any(op: tf.Operation, targets) -> bool:
-    seen, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        if current in targets:
-            return True
-        if current in seen:
-            continue
-        seen.add(current)
-        stack.extend(t.op for t in current.inputs)
-        stack.extend(current.control_inputs)
-    return False
