@@ -6,17 +6,16 @@
   to replication 1);
 - gpipe: torchgpipe's balance-by-time block partition (minimise the slowest stage's F+B, ignoring
   communication) into one stage per device, GPipe schedule (all M forwards in flight);
-- pipedream: PipeDream's hierarchical planner objective (its paper, section 3.1): per level of
-  the hierarchy, A(j, m) = min over i, m' of max(A(i, m - m'), 2 C_i, T(i+1..j, m')) with
-  T = max(compute, weight sync 4 (m-1) |w| / (m B)) / m, minimising the slowest replicated stage.
+- pipedream: PipeDream's hierarchical planner (planner/pipedream_partition.py), minimising the
+  slowest replicated stage.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import List, Optional
 
 from planner.dapple_planner import candidate_cuts, search
+from planner.pipedream_partition import pipedream_stages
 from planner.plan_eval import Estimate, Options, evaluate
 
 
@@ -120,104 +119,10 @@ def pipedream(model, prefix, cluster, gbs, mbs, options: Options) -> Estimate:
            cluster.inter_server_bandwidth)
     cached = _PIPEDREAM_CACHE.get(key)
     if cached is None or cached[0] is not prefix:
-        cached = _PIPEDREAM_CACHE[key] = (prefix, _pipedream_stages(model, prefix, cluster))
+        cached = _PIPEDREAM_CACHE[key] = (prefix, pipedream_stages(model, prefix, cluster))
         while len(_PIPEDREAM_CACHE) > 8:
             _PIPEDREAM_CACHE.pop(next(iter(_PIPEDREAM_CACHE)))
     return evaluate(model, prefix, cluster, cached[1], gbs, mbs, options)
 
 
 _PIPEDREAM_CACHE: dict = {}
-
-
-# Large inputs are coarsened so the O(cuts^3 units^2) DP stays fast: at most this many cut
-# positions (evenly spaced by compute) and, above 16 units, unit counts on a geometric grid.
-PIPEDREAM_MAX_CUTS = 64
-
-
-def _pipedream_stages(model, prefix, cluster):
-    inner = candidate_cuts(prefix)
-    if len(inner) > PIPEDREAM_MAX_CUTS:
-        total = prefix.fwd[-1] + prefix.bwd[-1]
-        picked = []
-        for q in range(1, PIPEDREAM_MAX_CUTS + 1):
-            goal = total * q / (PIPEDREAM_MAX_CUTS + 1)
-            c = min(inner, key=lambda x: abs(prefix.fwd[x] + prefix.bwd[x] - goal))
-            if c not in picked:
-                picked.append(c)
-        inner = sorted(picked)
-    cuts = [0] + inner + [model.num_layers]
-    per, servers = cluster.devices_per_server, cluster.num_servers
-    comp = [prefix.fwd[c] + prefix.bwd[c] for c in cuts]
-    par = [prefix.params[c] for c in cuts]
-    k = len(cuts)
-
-    def level(bw, units, block_time):
-        """A(i, j, m): best (bottleneck, [(i, j, m)]) for cut-index range [i, j) on m units."""
-
-        rows = [None] * (k * k)
-        grid = sorted({x for x in range(1, 5)} | {2**e for e in range(units.bit_length())}
-                      | {3 * 2**e for e in range(units.bit_length())})
-        splits = [list(range(1, m)) if units <= 16 else [x for x in grid if x < m] for m in range(units + 1)]
-        comm_at = [2 * prefix.cut[c] / bw * 1e3 for c in cuts]  # both directions across cut index mid
-
-        def row(i, j):
-            """block_time(i, j, m) for m = 0..units (index 0 unused)."""
-            r = rows[i * k + j]
-            if r is None:
-                r = rows[i * k + j] = [0.0] + [block_time(i, j, m) for m in range(1, units + 1)]
-            return r
-
-        @functools.lru_cache(maxsize=None)
-        def a(i, j, m):
-            t = row(i, j)[m]
-            best, pick = t, None
-            for mid in range(i + 1, j):
-                comm = comm_at[mid]
-                if comm >= best:
-                    continue
-                times = row(mid, j)
-                for m2 in splits[m]:
-                    t2 = times[m2]
-                    if t2 >= best:
-                        continue
-                    left = a(i, mid, m - m2)[0]
-                    v = left if left > t2 else t2
-                    if comm > v:
-                        v = comm
-                    if v < best:
-                        best, pick = v, (mid, m2)
-            if pick is None:
-                return best, ((i, j, m),)
-            mid, m2 = pick
-            return best, a(i, mid, m - m2)[1] + ((mid, j, m2),)
-
-        return a
-
-    def sync(nbytes, m, bw):
-        return 4 * (m - 1) * nbytes / (m * bw) * 1e3 if m > 1 else 0.0
-
-    def t1(i, j, m):
-        return max(comp[j] - comp[i], sync(par[j] - par[i], m, cluster.intra_server_bandwidth)) / m
-
-    level1 = level(cluster.intra_server_bandwidth, per, t1)
-    if servers == 1:
-        blocks = [(1, list(level1(0, k - 1, per)[1]))]
-    else:
-        def t2(i, j, m):
-            inner = level1(i, j, per)[0] if per > 1 else comp[j] - comp[i]
-            return max(inner, sync(par[j] - par[i], m, cluster.inter_server_bandwidth) / m) / m
-
-        level2 = level(cluster.inter_server_bandwidth, servers, t2)
-        blocks = [(m, list(level1(i, j, per)[1]) if per > 1 else [(i, j, 1)])
-                  for i, j, m in level2(0, k - 1, servers)[1]]
-    # A level-2 block of m servers holds its level-1 stages; a stage of r devices takes r
-    # devices on each of the block's servers.
-    stages, server = [], 0
-    for m, inner in blocks:
-        offset = 0
-        for a, b, r in inner:
-            devs = tuple(s * per + offset + d for s in range(server, server + m) for d in range(r))
-            stages.append((cuts[a], cuts[b], devs))
-            offset += r
-        server += m
-    return stages

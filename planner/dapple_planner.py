@@ -390,8 +390,14 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
                         continue
                     for devs, new_used in placements:
                         fw, bw, tl = extended(state, c, c2, devs)
+                        bound = steady
+                        if prune and not state.stages:
+                            # The first stage is never after the pivot: L >= M (F_0+B_0) + its AllReduce tail.
+                            bound += tl[0]
+                            if bound >= best_l:
+                                continue
                         child = _State(state.stages + [(c, c2, devs)], fw, bw, tl, 0.0, new_used,
-                                       max(state.steady_bound, steady))
+                                       max(state.steady_bound, bound))
                         res = complete(child, c2)
                         if res is None:
                             if not straight:

@@ -16,8 +16,9 @@ from tests.shared_profiles import PROFILES
 
 def test_latency_bound_used_for_pruning():
     """Formula 2 + Algorithm 1 give L >= M (F_s + B_s) for every stage s (computation and
-    communication stages alike), and with the pivot's wait L >= the F+B of every stage (one
-    micro-batch through the pipeline): the bounds prune=True uses. (M-1)(F_s+B_s) + (F+B of every stage),
+    communication stages alike), L >= M (F_0 + B_0) + AR_0 (the first stage's AllReduce tail), and
+    with the pivot's wait L >= the F+B of every stage (one micro-batch through the pipeline): the
+    bounds prune=True uses. (M-1)(F_s+B_s) + (F+B of every stage),
     the 1F1B estimate with s as the bottleneck, is not a bound (Algorithm 1 may keep a later, lighter
     pivot), so the test also shows the check is not vacuous."""
     rng = random.Random(7)
@@ -31,6 +32,8 @@ def test_latency_bound_used_for_pruning():
         latency = cm.pipeline_latency(f, b, ar, m)[0]
         for i in range(s):
             assert latency >= m * (f[i] + b[i]) - 1e-9, (f, b, ar, m, i)
+        # The first stage is never after the pivot: its AllReduce tail adds to its M (F+B).
+        assert latency >= m * (f[0] + b[0]) + ar[0] - 1e-9, (f, b, ar, m)
         fill = sum(f) + sum(b)
         assert latency >= fill - 1e-9, (f, b, ar, m)
         if any(latency < (m - 1) * (f[i] + b[i]) + fill - 1e-9 for i in range(s)):
