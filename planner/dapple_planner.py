@@ -236,6 +236,7 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
     cost_cache: Dict[Tuple, Tuple[float, float, float]] = {}
     fits_cache: Dict[Tuple, bool] = {}
     free_cache: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
+    placement_cache: Dict[Tuple, List] = {}  # (used, r) -> [(device ids, used after)]
 
     def ar_per_byte(devs):
         v = ar_cache.get(devs)
@@ -367,14 +368,17 @@ def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batc
                 if free_total - r > mbs and not straight:
                     continue
                 sl = -(-mbs // r)
-                placements, seen = [], set()
-                for pol in policies:
-                    take = place(state.used, r, per_server, pol)
-                    if take is None or take in seen:
-                        continue
-                    seen.add(take)
-                    placements.append((device_ids(state.used, take, per_server),
-                                       tuple(u + k for u, k in zip(state.used, take))))
+                placements = placement_cache.get((state.used, r))
+                if placements is None:
+                    placements, seen = [], set()
+                    for pol in policies:
+                        take = place(state.used, r, per_server, pol)
+                        if take is None or take in seen:
+                            continue
+                        seen.add(take)
+                        placements.append((device_ids(state.used, take, per_server),
+                                           tuple(u + k for u, k in zip(state.used, take))))
+                    placement_cache[(state.used, r)] = placements
                 rest_free = free_total - r
                 for c2 in cuts:
                     if c2 <= c:
