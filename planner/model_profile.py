@@ -78,13 +78,14 @@ class ModelProfile:
         for dst, srcs in enumerate(inputs):
             for s in srcs:
                 last_use[s] = max(last_use[s], dst)
-        if step_memory_bytes is None and profile.step_peak_bytes > 0:
+        measured_step = step_memory_bytes is None and profile.step_peak_bytes > 0
+        if measured_step:
             step_memory_bytes = profile.step_peak_bytes
         params = [0.0 if inp else layer.parameter_bytes for layer, inp in zip(layers, is_input)]
         kept, source = kept_bytes_per_sample(
             [layer.activation_bytes for layer in layers], [layer.backward_kept_bytes for layer in layers],
             params, is_input, profile.batch_size, step_memory_bytes, profile.model_name or "model",
-            [0.0 if inp else layer.backward_working_bytes for layer, inp in zip(layers, is_input)])
+            [0.0 if inp else layer.backward_working_bytes for layer, inp in zip(layers, is_input)], measured_step)
         input_bytes = [layer.input_bytes / bs for layer in layers]
         for i, layer in enumerate(layers):
             if is_input[i]:
