@@ -178,3 +178,17 @@ def test_recompute_is_chosen_when_a_larger_micro_batch_it_allows_is_faster():
     assert (chosen.micro_batch_size, all(s.recompute for s in chosen.stages)) == (8, True)
     assert chosen.estimated_iteration_ms < 0.5 * plain.estimated_iteration_ms
     assert max(chosen.device_peak_memory_bytes) <= 2**30
+
+
+def test_only_the_profilers_own_step_is_read_in_time():
+    # 4 layers of 100 MB parameters keeping 1 MB each at batch 8, step peak 1 GB (P = 0.4 GB). In time:
+    # c = min_i (1e9 - P - G_i) / K_i = min(200, 150, 133.3, 125) = 125 (the last layer's backward), so
+    # each layer keeps 125 MB / 8 per sample. A figure from outside (profile_memory, or a side file
+    # next to a PipeDream text, which carries no kept bytes): (1e9 - 2 P) / 4 layers / 8.
+    own = _cheap_wide_profile(1e6)
+    own.step_peak_bytes = 1e9
+    assert ModelProfile.from_proto(own).kept_bytes == pytest.approx([125e6 / 8] * 4)
+    assert ModelProfile.from_proto(own, 1e9).kept_bytes == pytest.approx([2e8 / 4 / 8] * 4)
+    side_file = _cheap_wide_profile(0.0)
+    side_file.step_peak_bytes = 1e9
+    assert ModelProfile.from_proto(side_file).kept_bytes == pytest.approx([2e8 / 4 / 8] * 4)
