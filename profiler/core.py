@@ -17,8 +17,8 @@ estimates one training step's compute (tests/test_profiler.py checks it is withi
 Memory kept for backward (backward_kept_bytes): the bytes of the activations layer i's gradient ops
 read from the forward pass (its inputs and its own intermediates), from the recorded values, each
 tensor once: not in a later layer that reads it too (a layer's output, read by its own gradient and
-by the next layer's, is counted in the first), not the model inputs (input_bytes) and not what does
-not depend on them (weights and values computed from them alone: counted with the parameters). With
+by the next layer's, is counted in the first), not the model inputs (input_bytes) and not the weights
+(nor values computed from them alone: counted with the parameters). With
 step_memory, from TF's allocator statistics (profiler/memory.py): one whole forward+backward step's
 peak (step_peak_bytes) and, per layer, what its backward allocates at its peak beyond the fed forward
 values and its dense weight gradients (backward_working_bytes: input gradients and temporaries, e.g.
@@ -129,7 +129,8 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
             recorder.drop_layers_unused_by(loss)
             model_ops = ()
         infos = analyze_layers(recorder, loss, model_ops, input_tensors)
-        data_dependent = _dependent_ops(graph, {t.op.name for t in input_tensors})
+        # weights and values computed from them alone: counted with the parameters, not as kept activations
+        weight_only = _variable_dependent_ops(graph) - _dependent_ops(graph, {t.op.name for t in input_tensors})
         backward = _build_backward(infos)
         step_grads = [g for g in tf.gradients(loss, tf.compat.v1.trainable_variables()) if g is not None] \
             if step_memory else []
@@ -160,7 +161,7 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
                 # Kept for backward: the activations this layer's gradient ops read, each counted once.
                 read = list(zip(fed_forward, forward_values)) + [(t, values[t.name]) for t in read_inputs]
                 kept_now = {t.name: v.nbytes for t, v in read
-                            if t.op.name in data_dependent and t.name not in model_inputs and t.name not in counted}
+                            if t.op.name not in weight_only and t.name not in model_inputs and t.name not in counted}
                 counted.update(kept_now)
                 kept = float(sum(kept_now.values()))
                 bwd_feed = dict(zip(fed_forward, forward_values))
