@@ -110,12 +110,13 @@ class Prefix:
         return v
 
     def largest_working_per_sample(self, first: int, end: int) -> float:
-        """Backward working bytes per sample of the largest layer in [first, end) (cached per range;
-        memory_model.stage_working_bytes)."""
+        """Backward working bytes per sample a stage of layers [first, end) holds beyond one slice's
+        kept bytes (cached per range; memory_model.stage_working_bytes)."""
         key = (first, end)
         v = self._working.get(key)
         if v is None:
-            v = self._working[key] = stage_working_bytes(self.model.working_bytes, first, end, 1)
+            v = self._working[key] = stage_working_bytes(self.model.working_bytes, first, end, 1,
+                                                             self.model.kept_bytes)
         return v
 
     def input_per_sample(self, first: int, end: int) -> float:

@@ -9,21 +9,25 @@ what a layer outputs, a lower bound of that.
 Where the kept bytes come from, per sample (`kept_bytes_per_sample`):
 1. The profile's step memory (`LayerCostProfile.step_peak_bytes`, measured by the profiler, or the
    `profile_memory` input for PipeDream files, e.g. the paper's Table 1 figure: BERT-48 11.4 GB at
-   2): one training step at the profile batch size b holds the weights and their gradients plus
-   what the forward keeps for backward, so the activation part is A = step - 2 x parameters
-   (optimizer state is not part of one forward/backward step). A is spread over the layers in
-   proportion to their measured kept bytes (`backward_kept_bytes`) when the profile has them,
-   else in proportion to their output bytes; per sample it is divided by b.
+   2): one training step at the profile batch size b peaks holding the weights, the gradients
+   produced so far and what the forward keeps for backward (optimizer state is not part of one
+   forward/backward step; a step figure not above 2 x parameters is an error). The kept bytes are
+   in proportion to the layers' measured kept bytes (`backward_kept_bytes`) when the profile has
+   them, else to their output bytes, scaled to the step figure: for the profiler's own step peak,
+   in time (`step_activation_scale`, below); for a figure from outside, whose step's timeline is
+   unknown, A = step - 2 x parameters - the largest working bytes is spread (all alive at once,
+   a lower bound of the activations); per sample they are divided by b.
 2. Measured kept bytes without a step figure: used as they are.
 3. Neither: the output bytes (a lower bound; `lower_bound` is True and the planner says so).
 Backward working memory (`backward_working_bytes`, measured by the profiler with the allocator): what
 a layer's backward allocates at its peak besides its weight gradients (counted with the parameters):
 input gradients and temporaries (an unrolled LSTM sums its per-step slice gradients from dense
 buffers of the whole gate tensor). One backward runs at a time on
-a device, so a stage needs it once, for one slice: slice x the largest per-sample working bytes of its
-layers (`stage_working_bytes`), not per in-flight micro-batch. The step's peak holds it once too: it
-is at most every layer's kept bytes plus the largest working bytes, and the spread takes that bound
-as the peak (A less the model's largest working bytes is spread over the kept bytes).
+a device, so a stage needs it once, for one slice, and only beyond what the slice's later layers in
+the stage have freed by then (`stage_working_bytes`), not per in-flight micro-batch.
+The profiler's step figure is read the same way (`step_activation_scale`): a step peaks during
+some layer i's backward, holding the weights, the gradients of layers i..n-1, the kept bytes of layers 0..i and
+layer i's working bytes; the kept bytes are scaled so that the largest of these is the step figure.
 Input nodes (PipeDream's `Input*`) keep nothing: they are not layers (planner/profile.py).
 """
 
@@ -69,13 +73,17 @@ def side_file_memory(profile_path: str) -> Optional[float]:
 def kept_bytes_per_sample(output_bytes: Sequence[float], measured_kept: Sequence[float],
                           parameter_bytes: Sequence[float], is_input: Sequence[bool], batch_size: int,
                           step_bytes: Optional[float], model_name: str = "model",
-                          working_bytes: Sequence[float] = ()) -> Tuple[List[float], str]:
+                          working_bytes: Sequence[float] = (), measured_step: bool = False) -> Tuple[List[float], str]:
     """(per-layer kept bytes per sample, source) with source one of "step", "measured", "lower_bound".
 
     `output_bytes`, `measured_kept` and `working_bytes` (backward working memory) are for the whole
     profile batch (0 / empty when not measured); `step_bytes` is the step memory at the profile batch
-    size, or None. The step's activation part excludes the largest working bytes (held once, beside
-    what the layers keep; at least 0: a step peak below one layer's backward leaves nothing to spread)."""
+    size, or None. `measured_step`: `step_bytes` is the profiler's peak of a forward+backward step
+    that fetches every gradient (LayerCostProfile.step_peak_bytes), decomposed in time
+    (`step_activation_scale`). A figure from outside (the paper's Table 1, `profile_memory`) says
+    nothing of when its step peaks: A = step - 2 x parameters - the largest working bytes (every
+    term alive at once, a bound) is spread. At least 0: a step peak below one layer's backward
+    leaves nothing to spread."""
     has_measured = any(v > 0 for v in measured_kept)
     weights = [0.0 if inp else float(k if has_measured else o)
                for o, k, inp in zip(output_bytes, measured_kept, is_input)]
@@ -83,23 +91,57 @@ def kept_bytes_per_sample(output_bytes: Sequence[float], measured_kept: Sequence
         source = "measured" if has_measured else "lower_bound"
         return [w / batch_size for w in weights], source
     state = 2.0 * sum(parameter_bytes)
-    activations = step_bytes - state
-    if activations <= 0:
+    if step_bytes - state <= 0:
         raise MemoryInputError(
             f"{model_name}: step memory {step_bytes / 1e9:.3g} GB at batch {batch_size} is not more than its "
             f"weights and gradients (2 x {sum(parameter_bytes) / 1e9:.3g} GB): nothing left for activations")
-    activations = max(activations - max(working_bytes, default=0.0), 0.0)
-    total = sum(weights)
-    if total <= 0:
-        n = sum(1 for inp in is_input if not inp) or 1
-        return [0.0 if inp else activations / n / batch_size for inp in is_input], "step"
-    return [activations * w / total / batch_size for w in weights], "step"
+    if sum(weights) <= 0:
+        weights = [0.0 if inp else 1.0 for inp in is_input]
+    if measured_step:
+        scale = step_activation_scale(weights, parameter_bytes, step_bytes, working_bytes)
+    else:
+        scale = max(step_bytes - state - max(working_bytes, default=0.0), 0.0) / sum(weights)
+    return [scale * w / batch_size for w in weights], "step"
 
 
-def stage_working_bytes(working_per_sample: Sequence[float], first: int, end: int, slice_samples: int) -> float:
-    """Backward working memory of a stage of layers [first, end): one slice of its largest layer's
-    per-sample working bytes (one backward at a time)."""
-    return slice_samples * max(working_per_sample[first:end], default=0.0)
+def step_activation_scale(weights: Sequence[float], parameter_bytes: Sequence[float], step_bytes: float,
+                          working_bytes: Sequence[float] = ()) -> float:
+    """The c with which c x `weights` are the kept bytes of a step peaking at `step_bytes` (>= 0).
+
+    A step runs its layers' backwards last to first. While layer i's backward runs, the device holds
+    the weights (P), the gradients of layers i..n-1 (G_i), the kept bytes of layers 0..i (the later
+    ones are freed: c x K_i) and layer i's working bytes (W_i). The step's peak is the largest of
+    these, so c is the largest scale with P + G_i + c K_i + W_i <= step for every i. (Taking every
+    gradient, every kept byte and the largest working bytes as alive at once undercounts: a VGG-19
+    step peaks in its first layers' backward, when the conv layers' activations of the later layers
+    are freed and almost every gradient exists; WORKSPACE_NOTES.md, "Planner fidelity" item 1.)"""
+    params_total = float(sum(parameter_bytes))
+    later_gradients = params_total
+    kept = 0.0
+    scale = None
+    for i, (w, params) in enumerate(zip(weights, parameter_bytes)):
+        kept += w
+        working = working_bytes[i] if i < len(working_bytes) else 0.0
+        if kept > 0:
+            c = (step_bytes - params_total - later_gradients - working) / kept
+            scale = c if scale is None else min(scale, c)
+        later_gradients -= params
+    return max(scale or 0.0, 0.0)
+
+
+def stage_working_bytes(working_per_sample: Sequence[float], first: int, end: int, slice_samples: int,
+                        kept_per_sample: Sequence[float] = ()) -> float:
+    """Backward working memory of a stage of layers [first, end) beyond one slice's kept bytes: one
+    backward runs at a time, and while layer i's runs, the layers after it in the stage have freed
+    what they kept for that slice, so the stage's peak adds slice x max_i (W_i - kept of layers
+    i+1..end-1), at least 0. Without `kept_per_sample`: slice x the largest W_i."""
+    later = sum(kept_per_sample[first + 1:end]) if kept_per_sample else 0.0
+    extra = 0.0
+    for i in range(first, end):
+        extra = max(extra, working_per_sample[i] - later)
+        if kept_per_sample and i + 1 < end:
+            later -= kept_per_sample[i + 1]
+    return slice_samples * extra
 
 
 LOWER_BOUND_NOTE = ("the profile has no memory figures (no measured kept bytes or step memory, no --profile_memory): "

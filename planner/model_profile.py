@@ -65,7 +65,9 @@ class ModelProfile:
     @classmethod
     def from_proto(cls, profile: LayerCostProfile, step_memory_bytes: Optional[float] = None) -> "ModelProfile":
         """`step_memory_bytes`: one training step's memory at the profile batch size (e.g. the
-        paper's Table 1 figure); defaults to the profile's step_peak_bytes (0: none)."""
+        paper's Table 1 figure); defaults to the profile's step_peak_bytes (0: none). The profiler's
+        own step (step_peak_bytes with measured kept bytes; not a `.memory` side file's figure, which
+        may be the paper's) is read in time (memory_model.kept_bytes_per_sample)."""
         from planner.memory_model import kept_bytes_per_sample  # pylint: disable=import-outside-toplevel
 
         profile = validate_profile(profile)
@@ -78,13 +80,16 @@ class ModelProfile:
         for dst, srcs in enumerate(inputs):
             for s in srcs:
                 last_use[s] = max(last_use[s], dst)
+        # the profiler's own step: measured with the per-layer kept bytes (a side file's figure comes without)
+        measured_step = (step_memory_bytes is None and profile.step_peak_bytes > 0
+                         and any(layer.backward_kept_bytes > 0 for layer in layers))
         if step_memory_bytes is None and profile.step_peak_bytes > 0:
             step_memory_bytes = profile.step_peak_bytes
         params = [0.0 if inp else layer.parameter_bytes for layer, inp in zip(layers, is_input)]
         kept, source = kept_bytes_per_sample(
             [layer.activation_bytes for layer in layers], [layer.backward_kept_bytes for layer in layers],
             params, is_input, profile.batch_size, step_memory_bytes, profile.model_name or "model",
-            [0.0 if inp else layer.backward_working_bytes for layer, inp in zip(layers, is_input)])
+            [0.0 if inp else layer.backward_working_bytes for layer, inp in zip(layers, is_input)], measured_step)
         input_bytes = [layer.input_bytes / bs for layer in layers]
         for i, layer in enumerate(layers):
             if is_input[i]:

@@ -14,8 +14,11 @@ Each timing is `warmup` untimed runs, then the median of `runs` timed runs, minu
 a no-op run fed the same feed dict (the per-run dispatch and feeding cost, which a real training step
 does not pay per layer; clamped at 0), so that the sum of a profile's forward+backward times
 estimates one training step's compute (tests/test_profiler.py checks it is within 30%).
-Memory kept for backward (backward_kept_bytes): the bytes of the tensors layer i's gradient ops read
-from the forward pass (its inputs and its own intermediates), from the recorded values. With
+Memory kept for backward (backward_kept_bytes): the bytes of the activations layer i's gradient ops
+read from the forward pass (its inputs and its own intermediates), from the recorded values, each
+tensor once: not in a later layer that reads it too (a layer's output, read by its own gradient and
+by the next layer's, is counted in the first), not the model inputs (input_bytes) and not the weights
+(nor values computed from them alone: counted with the parameters). With
 step_memory, from TF's allocator statistics (profiler/memory.py): one whole forward+backward step's
 peak (step_peak_bytes) and, per layer, what its backward allocates at its peak beyond the fed forward
 values and its dense weight gradients (backward_working_bytes: input gradients and temporaries, e.g.
@@ -80,14 +83,18 @@ def _device_description(device_attrs, device):
     return layer_cost_pb2.DeviceDescription(name=name, kind=kind, memory_bytes=memory)
 
 
-def _variable_dependent_ops(graph):
-    """Names of the ops whose outputs depend on a trainable variable (a training step's gradient reaches them)."""
-    handles = {v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
-    dependent = set(handles)
+def _dependent_ops(graph, sources):
+    """Names of the ops whose outputs depend on the ops named in `sources` (and those)."""
+    dependent = set(sources)
     for op in graph.get_operations():  # creation order is a topological order
         if any(t.op.name in dependent for t in op.inputs):
             dependent.add(op.name)
     return dependent
+
+
+def _variable_dependent_ops(graph):
+    """Names of the ops whose outputs depend on a trainable variable (a training step's gradient reaches them)."""
+    return _dependent_ops(graph, {v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)})
 
 
 def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch_size: int,
@@ -122,6 +129,8 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
             recorder.drop_layers_unused_by(loss)
             model_ops = ()
         infos = analyze_layers(recorder, loss, model_ops, input_tensors)
+        # weights and values computed from them alone: counted with the parameters, not as kept activations
+        weight_only = _variable_dependent_ops(graph) - _dependent_ops(graph, {t.op.name for t in input_tensors})
         backward = _build_backward(infos)
         step_grads = [g for g in tf.gradients(loss, tf.compat.v1.trainable_variables()) if g is not None] \
             if step_memory else []
@@ -140,6 +149,7 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
         names = sorted(boundary)
         values = dict(zip(names, sess.run([boundary[n] for n in names], feed_dict=base_feed)))
         rng = np.random.default_rng(seed)
+        counted = set()  # kept tensors already counted by an earlier layer
         for info, bwd in zip(infos, backward):
             feed = {t: values[t.name] for t in info.inputs}
             fwd_target = sorted({t.op for t in info.outputs}, key=lambda op: op.name)  # run, not fetched
@@ -148,8 +158,12 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
             if bwd is not None:
                 target, fed_forward, grad_ys, read_inputs, weight_grad_bytes = bwd
                 forward_values = sess.run(fed_forward, feed_dict=feed) if fed_forward else []
-                # Kept for backward: the forward tensors and the inputs this layer's gradient ops read.
-                kept = float(sum(v.nbytes for v in forward_values) + sum(values[t.name].nbytes for t in read_inputs))
+                # Kept for backward: the activations this layer's gradient ops read, each counted once.
+                read = list(zip(fed_forward, forward_values)) + [(t, values[t.name]) for t in read_inputs]
+                kept_now = {t.name: v.nbytes for t, v in read
+                            if t.op.name not in weight_only and t.name not in model_inputs and t.name not in counted}
+                counted.update(kept_now)
+                kept = float(sum(kept_now.values()))
                 bwd_feed = dict(zip(fed_forward, forward_values))
                 bwd_feed.update(feed)
                 for ph, out in grad_ys:

@@ -54,6 +54,29 @@ def test_backward_working_bytes_are_held_once_by_the_step_and_by_a_stage():
     assert stage_working_bytes([12.0, 4.0, 30.0], 0, 2, 8) == 96.0 and stage_working_bytes([], 0, 0, 8) == 0.0
 
 
+def test_the_profilers_step_peak_is_decomposed_in_time():
+    # 3 layers at batch 2: kept shape 4:2:2, parameters 1, 1, 30 (P = 32), layer 0's backward works
+    # with 30. During layer i's backward the step holds P, the gradients of layers i..2 (32, 31, 30),
+    # c x the kept bytes of layers 0..i (4, 6, 8) and W_i: with a step peak of 100, layer 0's backward
+    # binds, c = (100 - 32 - 32 - 30) / 4 = 1.5 (layer 2's backward then holds 32 + 30 + 12 = 74).
+    args = ([0, 0, 0], [4, 2, 2], [1, 1, 30], [False] * 3, 2, 100)
+    kept, source = kept_bytes_per_sample(*args, working_bytes=[30, 0, 0], measured_step=True)
+    assert source == "step" and kept == pytest.approx([1.5 * 4 / 2, 1.5 * 2 / 2, 1.5 * 2 / 2])
+    # a figure from outside takes every term as alive at once: (100 - 64 - 30) / 8 = 0.75, half
+    kept, _ = kept_bytes_per_sample(*args, working_bytes=[30, 0, 0])
+    assert kept == pytest.approx([0.75 * 4 / 2, 0.75 * 2 / 2, 0.75 * 2 / 2])
+    # a step peak below P + G_0 + W_0 leaves nothing
+    assert kept_bytes_per_sample(*args[:5], 90, working_bytes=[30, 0, 0], measured_step=True)[0] == [0.0] * 3
+
+
+def test_a_stages_backward_working_bytes_count_beyond_what_its_later_layers_freed():
+    # per sample: working 12, 4, 30; kept 5, 20, 1. While layer 0's backward runs, layers 1-2 have
+    # freed 21 (12 - 21 < 0), layer 1's: 1 freed (4 - 1 = 3), layer 2's: nothing (30).
+    assert stage_working_bytes([12.0, 4.0, 30.0], 0, 3, 8, [5.0, 20.0, 1.0]) == 8 * 30.0
+    assert stage_working_bytes([12.0, 4.0, 30.0], 0, 2, 8, [5.0, 20.0, 1.0]) == 8 * 4.0
+    assert stage_working_bytes([12.0, 4.0, 30.0], 1, 3, 8, [5.0, 20.0, 1.0]) == 8 * 30.0
+
+
 def test_step_memory_below_the_weights_is_an_error():
     with pytest.raises(PlanningError, match=r"step memory 1 GB at batch 2 is not more than its weights and gradients"):
         plan(load_profile(BERT), preset_cluster("paper_a"), 64, profile_memory="1GB")
@@ -155,3 +178,17 @@ def test_recompute_is_chosen_when_a_larger_micro_batch_it_allows_is_faster():
     assert (chosen.micro_batch_size, all(s.recompute for s in chosen.stages)) == (8, True)
     assert chosen.estimated_iteration_ms < 0.5 * plain.estimated_iteration_ms
     assert max(chosen.device_peak_memory_bytes) <= 2**30
+
+
+def test_only_the_profilers_own_step_is_read_in_time():
+    # 4 layers of 100 MB parameters keeping 1 MB each at batch 8, step peak 1 GB (P = 0.4 GB). In time:
+    # c = min_i (1e9 - P - G_i) / K_i = min(200, 150, 133.3, 125) = 125 (the last layer's backward), so
+    # each layer keeps 125 MB / 8 per sample. A figure from outside (profile_memory, or a side file
+    # next to a PipeDream text, which carries no kept bytes): (1e9 - 2 P) / 4 layers / 8.
+    own = _cheap_wide_profile(1e6)
+    own.step_peak_bytes = 1e9
+    assert ModelProfile.from_proto(own).kept_bytes == pytest.approx([125e6 / 8] * 4)
+    assert ModelProfile.from_proto(own, 1e9).kept_bytes == pytest.approx([2e8 / 4 / 8] * 4)
+    side_file = _cheap_wide_profile(0.0)
+    side_file.step_peak_bytes = 1e9
+    assert ModelProfile.from_proto(side_file).kept_bytes == pytest.approx([2e8 / 4 / 8] * 4)
