@@ -4,10 +4,13 @@ A step run with RunOptions(trace_level=FULL_TRACE) records, for every operation,
 device's allocator had in use when it ran; the largest of these per device is the step's peak.
 It works on remote devices too (workers return their step stats). Virtual CPU devices of one
 process share one allocator, so each reports the process's peak; with the BFC CPU allocator
-(TF_CPU_ALLOCATOR_USE_BFC=true) CPU devices report figures at all.
+(TF_CPU_ALLOCATOR_USE_BFC=true) CPU devices report figures at all. Constants are not in those
+records: `constant_bytes_per_device` reads them from the step's partition graphs.
 """
 
 from typing import Dict
+
+import tensorflow as tf
 
 
 def peak_bytes_per_device(step_stats) -> Dict[str, int]:
@@ -18,3 +21,17 @@ def peak_bytes_per_device(step_stats) -> Dict[str, int]:
         if used and max(used) > 0:
             peaks[device_stats.device] = max(peaks.get(device_stats.device, 0), max(used))
     return peaks
+
+
+def constant_bytes_per_device(partition_graphs) -> Dict[str, int]:
+    """Device name -> bytes of the constants placed on it, from a step's partition graphs
+    (RunOptions(output_partition_graphs=True)): persistent like variables and absent from the
+    step's allocation records (grappler folds constant inputs, e.g. the micro-batch slices of a
+    constant batch, into constants on the consuming device)."""
+    totals: Dict[str, int] = {}
+    for graph in partition_graphs:
+        for node in graph.node:
+            if node.op == "Const":
+                nbytes = tf.make_ndarray(node.attr["value"].tensor).nbytes
+                totals[node.device] = totals.get(node.device, 0) + nbytes
+    return totals

@@ -43,6 +43,7 @@ def measured_peaks(spec, plan, global_batch, steps=3):
     import tensorflow as tf
 
     import dapple_tf
+    from dapple_tf import step_stats
 
     x, y = spec.synthetic_batch(global_batch, seed=1)
     with tf.Graph().as_default():
@@ -72,29 +73,13 @@ def measured_peaks(spec, plan, global_batch, steps=3):
                     peak = max(peak, live)
                 per_step.setdefault("CPU:" + dev.device.rsplit(":", 1)[-1], []).append(peak)
         peaks = {name: statistics.median(values) for name, values in per_step.items()}
-        for name, nbytes in constant_bytes(warmup.partition_graphs).items():
+        for device, nbytes in step_stats.constant_bytes_per_device(warmup.partition_graphs).items():
+            name = "CPU:" + device.rsplit(":", 1)[-1]
             peaks[name] = peaks.get(name, 0) + nbytes
         for v in variables:
             name = "CPU:" + (v.device.rsplit(":", 1)[-1] if v.device else "0")
             peaks[name] = peaks.get(name, 0) + v.shape.num_elements() * v.dtype.size
     return peaks
-
-
-def constant_bytes(partition_graphs):
-    """{device name: bytes of the constants placed on it}: persistent like the variables and absent
-    from the step's allocation records. The model inputs are constants here; grappler folds their
-    micro-batch slices (`build_pipeline` splits the global batch) into constants on the first
-    stage's device (VGG-19, ResNet-50: 4 x 98,304 B of images)."""
-    import tensorflow as tf
-
-    totals = {}
-    for graph in partition_graphs:
-        for node in graph.node:
-            if node.op == "Const":
-                value = tf.make_ndarray(node.attr["value"].tensor)
-                name = "CPU:" + node.device.rsplit(":", 1)[-1]
-                totals[name] = totals.get(name, 0) + value.nbytes
-    return totals
 
 
 def measure(name, mbs, m):

@@ -31,7 +31,7 @@ def test_the_measured_side_counts_the_constants_each_device_keeps():
     import numpy as np
     import tensorflow as tf
 
-    from scripts.bench_planner_memory import constant_bytes
+    from dapple_tf.step_stats import constant_bytes_per_device
 
     graph = tf.compat.v1.GraphDef()
     for name, device, value in [("images", "/job:localhost/replica:0/task:0/device:CPU:0", np.zeros([8, 4], np.float32)),
@@ -39,4 +39,5 @@ def test_the_measured_side_counts_the_constants_each_device_keeps():
         node = graph.node.add(name=name, op="Const", device=device)
         node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
     graph.node.add(name="add", op="AddV2", device="/job:localhost/replica:0/task:0/device:CPU:0")
-    assert constant_bytes([graph]) == {"CPU:0": 8 * 4 * 4, "CPU:1": 8 * 8}
+    assert constant_bytes_per_device([graph]) == {"/job:localhost/replica:0/task:0/device:CPU:0": 8 * 4 * 4,
+                                                  "/job:localhost/replica:0/task:0/device:CPU:1": 8 * 8}
