@@ -13,7 +13,7 @@ bounded by spare cores (inter-op threads: --inter_op_threads, 0 = TF's default).
 
 from absl import flags
 
-from scripts.cli import run_main
+from scripts.cli import run_main, split_cpu
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("layers", 6, "Dense layers.")
@@ -68,12 +68,10 @@ def build(bucket_bytes):
 def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    import tensorflow as tf
 
     from profiler.timing import alternating_median_ms
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * FLAGS.replicas)
+    split_cpu(FLAGS.replicas)
     params_mb = (FLAGS.layers * FLAGS.width * FLAGS.width + FLAGS.width) * 4 / 2**20
     print(f"MLP {FLAGS.layers} x {FLAGS.width} ({params_mb:.0f} MiB of weights), 1 stage x {FLAGS.replicas} "
           f"replicas, global batch {FLAGS.global_batch_size}, M={FLAGS.micro_batches}; {FLAGS.rounds} alternating "

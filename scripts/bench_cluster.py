@@ -16,7 +16,7 @@ import sys
 
 from absl import flags
 
-from scripts.cli import run_main
+from scripts.cli import run_main, split_cpu
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("hidden", 256, "Width of the MLP's 4 hidden layers.")
@@ -56,8 +56,7 @@ def measure(stages, device_name, target, config):
 def chief():
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * TASKS * DEVICES_PER_TASK)
+    split_cpu(TASKS * DEVICES_PER_TASK)
     from dapple_tf.cluster import TFCluster, session_config, wait_for_workers
 
     cluster = TFCluster.from_tf_config()

@@ -18,7 +18,7 @@ import sys
 
 from absl import flags
 
-from scripts.cli import run_main
+from scripts.cli import run_main, split_cpu
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("hidden", 256, "Width of the MLP's 4 hidden layers.")
@@ -33,8 +33,7 @@ STAGES = [(0, 1), (2, 4)]  # MLP layers dense_0..dense_3, head
 def _virtual_cpus(n):
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+    split_cpu(n)
     return tf.compat.v1.ConfigProto(device_count={"CPU": n})
 
 

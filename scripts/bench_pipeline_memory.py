@@ -27,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import flags  # noqa: E402
 
-from scripts.cli import run_main  # noqa: E402
+from scripts.cli import run_main, split_cpu  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("hidden", 512, "Width of the hidden layers.")
@@ -165,10 +165,7 @@ def paper_ratios(rows):
 
 def main(argv):
     del argv
-    import tensorflow as tf
-
-    cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    split_cpu(2)
     ms = [int(m) for m in FLAGS.micro_batches]
     settings = [{"off": False, "on": True}[r] for r in FLAGS.recompute]
     rows = [

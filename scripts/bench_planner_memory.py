@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import flags  # noqa: E402
 
-from scripts.cli import run_main  # noqa: E402
+from scripts.cli import run_main, split_cpu  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["mlp", "vgg19", "resnet50", "bert", "gnmt"], "Reference models (tiny configs).")
@@ -107,10 +107,7 @@ def measure(name, mbs, m):
 
 def main(argv):
     del argv
-    import tensorflow as tf
-
-    cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    split_cpu(2)
     rows = [measure(name, FLAGS.micro_batch_size, FLAGS.micro_batches) for name in FLAGS.models]
     print(f"2 stages (layers cut in half), micro-batch {FLAGS.micro_batch_size}, M={FLAGS.micro_batches}, "
           "schedule dapple; per-device peak, MiB (estimated by the planner / measured, TF step stats)")

@@ -13,7 +13,7 @@ import time
 
 from absl import flags
 
-from scripts.cli import run_main
+from scripts.cli import run_main, split_cpu
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("blocks", 4, "Conv + batch norm blocks.")
@@ -81,12 +81,10 @@ def build(batch_norm):
 def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    import tensorflow as tf
 
     from profiler.timing import alternating_median_ms
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+    split_cpu(4)
     print(f"{FLAGS.blocks} conv+BN blocks x {FLAGS.channels} channels, {FLAGS.image_size}x{FLAGS.image_size} images, "
           f"global batch {FLAGS.global_batch_size}, M={FLAGS.micro_batches}, 2 stages x 2 replicas; "
           f"{FLAGS.rounds} alternating rounds of {FLAGS.steps} steps, median of the rounds' medians")

@@ -27,3 +27,12 @@ def run_main(main):
         if e.code == 1 and any(arg in HELP_FLAGS for arg in sys.argv[1:]):
             sys.exit(0)
         raise
+
+
+def split_cpu(num_devices: int):
+    """Splits the process's CPU into `num_devices` virtual devices (/device:CPU:0..n-1); call it
+    before TensorFlow initialises its devices."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 from absl import flags
 
-from scripts.cli import run_main
+from scripts.cli import run_main, split_cpu
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_devices", 4, "Virtual CPU devices to split this machine into.")
@@ -79,8 +79,7 @@ def main(argv):
     import tensorflow as tf
 
     # virtual CPU devices for the whole process (before TF initialises its devices)
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * FLAGS.num_devices)
+    split_cpu(FLAGS.num_devices)
 
     import dapple_tf
     import models

@@ -28,7 +28,7 @@ import os
 
 from absl import flags
 
-from scripts.cli import run_main
+from scripts.cli import run_main, split_cpu
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Reference model (mlp, vgg19, resnet50, bert, gnmt).")
@@ -197,8 +197,7 @@ def main(argv):
         devices = cluster_devices(cluster, FLAGS.worker_wait_timeout)
         print(f"cluster devices: {', '.join(devices)}", flush=True)
     else:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * FLAGS.num_devices)
+        split_cpu(FLAGS.num_devices)
         config = tf.compat.v1.ConfigProto(device_count={"CPU": FLAGS.num_devices})
 
     import dapple_tf
