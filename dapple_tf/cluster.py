@@ -10,6 +10,11 @@ ConfigProto names task 0 as the collective group leader (set only in the client 
 and the first step hangs), and the client's session bounds every operation by a timeout (a
 stopped or killed master otherwise hangs the client forever).
 
+Threads and cores (`WorkerThreads`): a worker pinned to c cores runs c intra-op threads (one per
+core: a kernel's own parallelism) and c + 1 inter-op threads, so that one thread is left to
+receive, send and start the next task while the others compute (with a single inter-op thread a
+pipeline stage overlaps nothing: measured in WORKSPACE_NOTES.md, "Speed"). 0 keeps TF's default.
+
 TF_CONFIG is TensorFlow's usual JSON: {"cluster": {"worker": ["host:port", ...]}, "task":
 {"type": "worker" | "chief", "index": i}}. A chief runs no server; a "chief" entry in "cluster"
 (as Kubeflow writes it) is accepted and ignored.
@@ -104,9 +109,47 @@ class TFCluster:
         return f"/job:{JOB}/replica:0/task:{task}/device:{device_type}:{index}"
 
 
-def server_config(num_cpu_devices: Optional[int] = None) -> tf.compat.v1.ConfigProto:
-    """The ConfigProto every worker server starts with (group leader; CPU devices if given)."""
-    config = tf.compat.v1.ConfigProto()
+@dataclasses.dataclass(frozen=True)
+class WorkerThreads:
+    """A worker's TF thread pools (0: TF's default, one thread per core the process may use)."""
+
+    intra_op: int = 0
+    inter_op: int = 0
+
+    @classmethod
+    def for_cores(cls, cores: int) -> "WorkerThreads":
+        """The defaults for a worker pinned to `cores` cores (module docstring); 0 cores: TF's defaults."""
+        return cls(cores, cores + 1) if cores > 0 else cls()
+
+    def apply(self, config: tf.compat.v1.ConfigProto) -> tf.compat.v1.ConfigProto:
+        config.intra_op_parallelism_threads = self.intra_op
+        config.inter_op_parallelism_threads = self.inter_op
+        return config
+
+
+def pin_to_cores(cores: Sequence[int], pid: int = 0) -> Optional[str]:
+    """Restricts a process (0: this one) to `cores`; returns why not where the platform cannot."""
+    if not hasattr(os, "sched_setaffinity"):
+        return "this platform has no CPU affinity (os.sched_setaffinity): processes run unpinned"
+    try:
+        os.sched_setaffinity(pid, set(cores))
+    except OSError as e:
+        return f"cannot pin to cores {sorted(cores)}: {e.strerror or e}; running unpinned"
+    return None
+
+
+def worker_cores(task: int, cores_per_worker: int, num_cores: Optional[int] = None) -> Tuple[int, ...]:
+    """The cores of worker task `task` when each worker gets `cores_per_worker` consecutive cores
+    (wrapping around when there are more workers than cores)."""
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
+    usable = usable[:num_cores] if num_cores else usable
+    return tuple(usable[(task * cores_per_worker + k) % len(usable)] for k in range(cores_per_worker))
+
+
+def server_config(num_cpu_devices: Optional[int] = None,
+                  threads: WorkerThreads = WorkerThreads()) -> tf.compat.v1.ConfigProto:
+    """The ConfigProto every worker server starts with (group leader; CPU devices if given; thread pools)."""
+    config = threads.apply(tf.compat.v1.ConfigProto())
     if num_cpu_devices:
         config.device_count["CPU"] = num_cpu_devices
     config.experimental.collective_group_leader = GROUP_LEADER
@@ -130,7 +173,8 @@ def check_port_free(address: str, where: str) -> None:
             raise ClusterError(f"{where} {address}: port {port} is in use on this host ({e.strerror})") from None
 
 
-def start_server(cluster: TFCluster, num_cpu_devices: Optional[int] = None) -> tf.distribute.Server:
+def start_server(cluster: TFCluster, num_cpu_devices: Optional[int] = None,
+                 threads: WorkerThreads = WorkerThreads()) -> tf.distribute.Server:
     """Starts this process's worker server (cluster.task_type must be "worker")."""
     if cluster.task_type != "worker":
         raise ClusterError(f"only worker tasks run a server; this task is {cluster.task_type!r}")
@@ -139,7 +183,7 @@ def start_server(cluster: TFCluster, num_cpu_devices: Optional[int] = None) -> t
     spec = tf.train.ClusterSpec({JOB: list(cluster.workers)})
     try:
         return tf.distribute.Server(
-            spec, job_name=JOB, task_index=cluster.task_index, config=server_config(num_cpu_devices), start=True
+            spec, job_name=JOB, task_index=cluster.task_index, config=server_config(num_cpu_devices, threads), start=True
         )
     except (tf.errors.OpError, RuntimeError) as e:
         raise ClusterError(f"{where}: the server did not start: {e}") from None

@@ -112,7 +112,11 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
     # One fixed order of collectives on every device (NCCL needs it on overlapping groups).
     for devices, dtype in sorted(groups, key=lambda key: (key[0], key[1].name)):
         summed: Dict[Key, tf.Tensor] = {}
-        for bucket in _buckets(groups[(devices, dtype)], accumulator, devices[0], bucket_bytes, position):
+        # exchange_sum needs no launch order and packs small gradients itself: one bucket, each group of it
+        # reduced as soon as the last backward has made it
+        exchange = cross_process_reduce is None and collectives.uses_exchange(devices)
+        size = float("inf") if exchange else bucket_bytes
+        for bucket in _buckets(groups[(devices, dtype)], accumulator, devices[0], size, position):
             sparse = [v for v in bucket if accumulator.is_sparse(v, devices)]
             per_device = {
                 d: [accumulator.sums[(v, d)] for v in bucket] + [accumulator.row_counts[(v, d)] for v in sparse]
@@ -121,7 +125,7 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
             sums = collectives.all_reduce_sum(per_device, keys, after=last_collective,
                                               cross_process_reduce=cross_process_reduce)
             for d in devices:
-                if len(devices) > 1:
+                if len(devices) > 1 and not exchange:
                     last_collective[d] = sums[d][0]
                 counts = dict(zip(sparse, sums[d][len(bucket):]))
                 for v, total in zip(bucket, sums[d][: len(bucket)]):
@@ -129,9 +133,10 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
         group = groups[(devices, dtype)]
         # The apply step waits for the device set's last bucket; fetching one device's sum must run
         # every participant's collectives.
-        everyone = [last_collective[d] for d in devices] if len(devices) > 1 else []
+        chained = len(devices) > 1 and all(d in last_collective for d in devices)
+        everyone = [last_collective[d] for d in devices] if chained else []
         for d in devices:
-            with tf.device(d), tf.control_dependencies([last_collective[d]] if len(devices) > 1 else []):
+            with tf.device(d), tf.control_dependencies([last_collective[d]] if chained else []):
                 for v in group:
                     total, count = summed[(v, d)]
                     total = tf.identity(total)

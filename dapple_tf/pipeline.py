@@ -48,6 +48,7 @@ class PipelineHandle:
     task_op_names: Dict[Tuple[str, Task, int], Tuple[str, ...]]  # (device, task, replica) -> op names
     outputs: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # model_fn's extra outputs
     update_ops: List[tf.Operation] = dataclasses.field(default_factory=list)  # UPDATE_OPS, run by train_op
+    allreduce_op_names: Tuple[str, ...] = ()  # the operations that all-reduce gradients (timeline.py draws them)
 
 
 def _as_plan(plan) -> Plan:
@@ -182,8 +183,10 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     # The first collective on every device waits for the stale-copy check, so a failing check stops the
     # step with its own message, not with the collectives it would otherwise cancel mid-flight.
     stale_copy_check = copies.stale_copy_check()
+    first_reduce_op = len(graph.get_operations())
     grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys, cross_process_reduce,
                                                               allreduce_bucket_bytes, start_after=stale_copy_check)
+    allreduce_op_names = tuple(op.name for op in graph.get_operations()[first_reduce_op:])
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
     with tf.control_dependencies([stale_copy_check]):
@@ -208,6 +211,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         task_op_names=builder.task_op_names(),
         outputs=extra_outputs,
         update_ops=update_ops,
+        allreduce_op_names=allreduce_op_names,
     )
 
 

@@ -90,6 +90,7 @@ class StageBuilder:
         self._sync_keys = sync_keys
         self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
         self._keys_per_clone_group = [0] * len(template.stages)  # instance keys of a stage's synced batch norms
+        self._gradient_split: Dict[Tuple[int, int, int], tuple] = {}  # backward task -> (input, weight grads, device)
 
     # -- forward ---------------------------------------------------------------------------
     def _micro_batch_inputs(self) -> List[Dict[str, tf.Tensor]]:
@@ -255,17 +256,23 @@ class StageBuilder:
         xs = [clone.inputs[e.tensor.name] for e in boundary] + [h for _, h in variables]
         if not xs:
             return
-        # gate_gradients (as Optimizer.minimize's default GATE_OP): an op's gradients all complete before
-        # any is used, so each layer's weight gradient is ready before the backward moves to earlier
-        # layers, and a gradient bucket can be all-reduced while they run (gradients.py).
-        grads = tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys, colocate_gradients_with_ops=True, gate_gradients=True)
+        # A stage whose input gradients an earlier stage waits for computes them first (tasks.input_gradients_first).
+        # The first stage gates its gradients instead (as Optimizer.minimize's default GATE_OP): an op's gradients
+        # all complete before any is used, so each layer's weight gradient is ready before the backward moves to
+        # earlier layers, and a gradient bucket can be all-reduced while they run (gradients.py).
+        grads = tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys, colocate_gradients_with_ops=True,
+                                       gate_gradients=not boundary)
+        input_grads, weight_grads = [], []
         for ext, grad in zip(boundary, grads[: len(boundary)]):
             if grad is None:
                 grad = tf.zeros_like(clone.inputs[ext.tensor.name])
-            self._send_input_grad(ext, s, m, j, tf.convert_to_tensor(grad))
+            input_grads.append(tf.convert_to_tensor(grad))
+            self._send_input_grad(ext, s, m, j, input_grads[-1])
         for (variable, _), grad in zip(variables, grads[len(boundary) :]):
             if grad is not None:
                 self.accumulator.add(variable, device, grad)
+                weight_grads.extend([grad.values, grad.indices] if isinstance(grad, tf.IndexedSlices) else [grad])
+        self._gradient_split[(s, m, j)] = (input_grads, weight_grads, device)
 
     def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> None:
         """Cuts the gradient of consumer replica j's input into pieces for the producer replicas."""
@@ -298,6 +305,8 @@ class StageBuilder:
     # -- schedule --------------------------------------------------------------------------
     def chain(self, schedule: Schedule) -> None:
         self.task_ops.release_forward_inputs()
+        for (s, m, j), (input_grads, weight_grads, device) in self._gradient_split.items():
+            self.task_ops.input_gradients_first((Task(s, BACKWARD, m), j), input_grads, weight_grads, device)
         for s, stage in enumerate(self.template.stages):
             for j, device in enumerate(stage.stage.devices):
                 tasks.chain(self.task_ops, schedule.stage_tasks[s], j, device)

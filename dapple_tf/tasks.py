@@ -4,6 +4,10 @@ replica, and the control edges that make each device run its tasks in the schedu
 An operation belongs to the task during whose construction it was created (`TaskOps.capture`).
 `chain` gives each task's entry operations (those with no data input from their own task) a
 control input on the previous task's completion marker, a NoOp that waits for all its operations.
+`input_gradients_first` orders the inside of a backward task: the gradients the previous stage
+waits for before the weight gradients, which nobody waits for until the AllReduce and apply step
+(zero-bubble pipelines' B/W split, inside one task): on a device that runs one op at a time, the
+previous stage starts its backward after this task's B part instead of after all of it.
 """
 
 import contextlib
@@ -53,8 +57,39 @@ class TaskOps:
             if released:
                 self.ops[key] = [op for op in ops if op not in released]
 
+    def input_gradients_first(self, key: TaskKey, input_grads: Sequence[tf.Tensor],
+                              weight_grads: Sequence[tf.Tensor], device: str) -> int:
+        """Makes the weight-gradient operations of task `key` (those only weight gradients need) wait
+        for its input gradients; returns how many operations now wait."""
+        ops = self.ops.get(key, [])
+        own = set(ops)
+        needed_by_inputs = _ancestors([g.op for g in input_grads], own)
+        weight_only = _ancestors([g.op for g in weight_grads], own) - needed_by_inputs
+        if not needed_by_inputs or not weight_only:
+            return 0
+        with tf.device(device), tf.control_dependencies(None):
+            inputs_done = tf.group(*[g.op for g in input_grads], name=f"input_grads_{key[0]}_stage{key[0].stage}")
+        ops.append(inputs_done)
+        for op in weight_only:
+            if not any(t.op in weight_only for t in op.inputs):
+                op._add_control_inputs([inputs_done])  # pylint: disable=protected-access
+        return len(weight_only)
+
     def names(self) -> Dict[TaskKey, Tuple[str, ...]]:
         return {key: tuple(op.name for op in ops) for key, ops in self.ops.items()}
+
+
+def _ancestors(ops: Sequence[tf.Operation], within: set) -> set:
+    """`ops` and every operation of `within` they depend on (data and control inputs)."""
+    found, stack = set(), [op for op in ops if op in within]
+    while stack:
+        op = stack.pop()
+        if op in found:
+            continue
+        found.add(op)
+        stack.extend(t.op for t in op.inputs if t.op in within)
+        stack.extend(c for c in op.control_inputs if c in within)
+    return found
 
 
 def _entry_ops(ops: Sequence[tf.Operation]) -> List[tf.Operation]:

@@ -28,6 +28,7 @@ from dapple_tf.errors import DappleError
 from dapple_tf.layers import LayerRecorder
 from dapple_tf.pipeline import build_pipeline
 from dapple_tf.step_stats import peak_bytes_per_device
+from dapple_tf.trace_hook import TraceHook
 
 # What a lost or stopped task raises in the client's session.
 CLUSTER_FAILURES = (
@@ -51,6 +52,8 @@ class TrainerOptions:
     failure_timeout_s: float = 60.0  # a step (or a lost task) ends within this on a cluster
     worker_wait_s: float = 60.0  # how long a cluster's workers are waited for at start
     seed: Optional[int] = None  # graph-level random seed
+    trace_path: Optional[str] = None  # write one traced step's timeline here (trace_hook.py), and a PNG beside it
+    trace_step: int = 5  # which step of this run to trace (counted from its first: warm-up over)
 
 
 @dataclasses.dataclass
@@ -68,7 +71,8 @@ class Trainer:
                  hooks: Sequence[tf.compat.v1.train.SessionRunHook] = (), *, schedule: Optional[str] = None,
                  eval_input_fn: Optional[Callable] = None, cluster: Optional[TFCluster] = None,
                  options: Optional[TrainerOptions] = None, config: Optional[tf.compat.v1.ConfigProto] = None,
-                 log=None, horovod=None, batch_norm: str = "per_slice"):
+                 log=None, horovod=None, batch_norm: str = "per_slice", simulated=None):
+        """simulated: the planner's SimulationResult of this plan, drawn under the traced step's timeline."""
         self.model_fn, self.input_fn, self.plan = model_fn, input_fn, plan
         self.optimizer = optimizer
         self.model_dir, self.hooks, self.schedule = model_dir, list(hooks), schedule
@@ -77,6 +81,7 @@ class Trainer:
         self.config = config
         self.horovod = horovod  # a dapple_tf.horovod.HorovodPipeline: input_fn gives this process's slice
         self.batch_norm = batch_norm  # build_pipeline's batch_norm
+        self.simulated = simulated
         self.log = log or (lambda text: print(text, flush=True))
         if self.options.eval_every and eval_input_fn is None:
             raise DappleError("eval_every needs an eval_input_fn (held-out data)")
@@ -117,6 +122,9 @@ class Trainer:
             hooks = [tf.compat.v1.train.StopAtStepHook(last_step=steps), progress] + self.hooks
             if self.horovod is not None:
                 hooks.insert(0, self.horovod.broadcast_hook(handle))  # before any hook reads a variable
+            if self.options.trace_path:
+                hooks.append(TraceHook(self.options.trace_path, handle, self.options.trace_step, self.simulated,
+                                       self.log))
             if self.model_dir and (self.options.save_checkpoints_steps or self.options.save_checkpoints_secs):
                 hooks.append(tf.compat.v1.train.CheckpointSaverHook(
                     self.model_dir, save_steps=self.options.save_checkpoints_steps or None,

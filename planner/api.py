@@ -311,3 +311,25 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", sim
                 raise PlanningError(f"{name}: {r}")
             plans[name] = r
     return plans
+
+
+def plan_from_profiles(profiles, cluster, global_batch_size: int, planner: str = "dapple", **options) -> plan_pb2.Plan:
+    """plan() with profiles measured at several batch sizes ({batch size: profile}): each micro-batch size is
+    planned with the profile measured nearest to it (compute per sample is not the same at every size: small
+    micro-batches use a device less well), and the plan with the lowest L is returned."""
+    if not profiles:
+        raise PlanningError("plan_from_profiles needs at least one profile")
+    sizes = micro_batch_sizes(global_batch_size, options.pop("micro_batch_sizes", None))
+    best, errors = None, []
+    for mbs in sizes:
+        nearest = min(profiles, key=lambda b: (abs(b - mbs), b))
+        try:
+            candidate = plan(profiles[nearest], cluster, global_batch_size, planner, micro_batch_sizes=[mbs], **options)
+        except PlanningError as e:
+            errors.append(f"micro-batch {mbs}: {e}")
+            continue
+        if best is None or candidate.estimated_iteration_ms < best.estimated_iteration_ms:
+            best = candidate
+    if best is None:
+        raise PlanningError("no plan at any micro-batch size: " + "; ".join(errors))
+    return best

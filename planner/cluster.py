@@ -135,9 +135,11 @@ def local_task_cluster(num_tasks: int, devices_per_task: int, memory_bytes: Opti
     ("/job:worker/replica:0/task:s/device:CPU:d"); transfers between tasks cross loopback gRPC."""
     total = num_tasks * devices_per_task
     memory_bytes = _memory_share(total) if memory_bytes is None else memory_bytes
-    return make_cluster(f"local:{num_tasks}x{devices_per_task}", num_tasks, devices_per_task, float(memory_bytes),
-                        LOCAL_BANDWIDTH, LOOPBACK_GRPC_BANDWIDTH, device_names=task_device_names(
-                            num_tasks, devices_per_task, "CPU"), device_kind="CPU")
+    cluster = make_cluster(f"local:{num_tasks}x{devices_per_task}", num_tasks, devices_per_task, float(memory_bytes),
+                           LOCAL_BANDWIDTH, LOOPBACK_GRPC_BANDWIDTH, device_names=task_device_names(
+                               num_tasks, devices_per_task, "CPU"), device_kind="CPU")
+    cluster.communication_uses_compute = True  # the workers' cores serialize and add what they exchange
+    return cluster
 
 
 def load_cluster(path_or_name: str, num_servers: Optional[int] = None, num_devices: Optional[int] = None,

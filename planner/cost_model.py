@@ -23,8 +23,10 @@ Conventions:
   cluster's bandwidth, and the transfer takes as long as the busiest port.
 - AllReduce: ring inside one server, 2 (n-1)/n * bytes / intra; across servers hierarchical:
   intra-server reduce-scatter + all-gather (2 (c-1)/c * bytes / intra, c = most devices on one
-  server) plus a ring between servers over the NICs (2 (k-1)/k * bytes / inter, k servers). It runs
-  in buckets during the last micro-batch's backward (allreduce_tail_ms): L counts what is left after.
+  server) plus a ring between servers over the NICs (2 (k-1)/k * bytes / inter, k servers; inter is
+  the cluster's measured allreduce_bandwidth where it has one). It runs in buckets during the last
+  micro-batch's backward (allreduce_tail_ms): L counts what is left after; on clusters whose devices'
+  own cores communicate (CPU workers: communication_uses_compute) all of it counts.
 - Pipeline latency L = Tw + Ts + Te (paper formula 2) over computation and communication stages,
   pivot Q from the paper's Algorithm 1 (formula 3).
 - ACR (activation communication ratio, sections 5.3 and 6.2): the forward + backward transfer time
@@ -68,6 +70,7 @@ class Prefix:
         self.params = [0.0] * (n + 1)
         self.kept = [0.0] * (n + 1)
         self.inputs = [0.0] * (n + 1)
+        self.bwd_input = [0.0] * (n + 1) if model.backward_input_ms else None
         self._largest = {}
         self._working = {}
         for i in range(n):
@@ -76,6 +79,8 @@ class Prefix:
             self.params[i + 1] = self.params[i] + model.parameter_bytes[i]
             self.kept[i + 1] = self.kept[i] + model.kept_bytes[i]
             self.inputs[i + 1] = self.inputs[i] + model.input_bytes[i]
+            if self.bwd_input is not None:
+                self.bwd_input[i + 1] = self.bwd_input[i] + model.backward_input_ms[i]
         # cut[c] = per-sample bytes crossing the boundary before layer c
         diff = [0.0] * (n + 2)
         for i in range(n):
@@ -93,6 +98,10 @@ class Prefix:
 
     def backward_per_sample(self, first: int, end: int) -> float:
         return self.bwd[end] - self.bwd[first]
+
+    def backward_input_per_sample(self, first: int, end: int) -> Optional[float]:
+        """The part of the backward the stage's input gradients need; None when the profile does not split it."""
+        return None if self.bwd_input is None else self.bwd_input[end] - self.bwd_input[first]
 
     def parameter_bytes(self, first: int, end: int) -> float:
         return self.params[end] - self.params[first]
@@ -144,6 +153,16 @@ def stage_backward_ms(prefix: Prefix, first: int, end: int, micro_batch_size: in
                       overhead_ms: float = PASS_OVERHEAD_MS) -> float:
     """Backward time of layers [first, end) for one micro-batch on the largest replica slice."""
     return largest_slice(micro_batch_size, replicas) * prefix.backward_per_sample(first, end) + overhead_ms
+
+
+def stage_backward_input_ms(prefix: Prefix, first: int, end: int, micro_batch_size: int, replicas: int,
+                            overhead_ms: float = PASS_OVERHEAD_MS) -> Optional[float]:
+    """How long into a backward the input gradients of layers [first, end) are ready (the runtime
+    computes them before the weight gradients on every stage but the first); None: not profiled."""
+    per_sample = prefix.backward_input_per_sample(first, end)
+    if per_sample is None or first == 0:
+        return None
+    return largest_slice(micro_batch_size, replicas) * per_sample + overhead_ms
 
 
 def cut_bytes(prefix: Prefix, cut: int, samples: int = 1) -> float:
@@ -229,8 +248,14 @@ def allreduce_ms_per_byte(cluster, devices: Sequence[int]) -> float:
     k = len(counts)
     c = max(counts.values())
     intra = 2.0 * (c - 1) / c / cluster.intra_server_bandwidth if c > 1 else 0.0
-    inter = 2.0 * (k - 1) / k / cluster.inter_server_bandwidth if k > 1 else 0.0
+    inter = 2.0 * (k - 1) / k / (cluster.allreduce_bandwidth or cluster.inter_server_bandwidth) if k > 1 else 0.0
     return 1e3 * (intra + inter)
+
+
+def overlaps_allreduce(cluster, overlap: bool = True) -> bool:
+    """Whether gradient AllReduce runs during the last backward on this cluster (not where the devices' own
+    cores do the communication: Cluster.communication_uses_compute)."""
+    return overlap and not cluster.communication_uses_compute
 
 
 def allreduce_tail_ms(model: ModelProfile, first: int, end: int, slice_samples: int, ar_ms_per_byte: float,

@@ -1,6 +1,7 @@
 """PNG Gantt charts of simulated iterations, like Fig. 3/4 of the DAPPLE paper.
 
-One row per device: forward (blue), re-computation (light blue) and backward (green) boxes with
+One row per device: forward (blue), re-computation (light blue), backward (green) and weight-gradient
+(dark green, where the backward is split) boxes with
 micro-batch ids, the optimizer step (grey), and below them two thin strips: transfers the device sends (activations orange,
 gradients purple) and its stage's AllReduce (red). Under each chart, the memory of every stage's
 devices over time (parameters + optimizer state + live activations), with the device capacity.
@@ -25,6 +26,7 @@ from planner.simulator import (  # noqa: E402
     KIND_ALLREDUCE,
     KIND_BACKWARD,
     KIND_FORWARD,
+    KIND_WEIGHT,
     KIND_OPTIMIZER,
     KIND_RECOMPUTE,
     KIND_SEND_ACTIVATION,
@@ -36,6 +38,7 @@ COLORS = {
     KIND_FORWARD: "#4a90d9",
     KIND_RECOMPUTE: "#a9cdf0",
     KIND_BACKWARD: "#5cb85c",
+    KIND_WEIGHT: "#2e7d32",
     KIND_OPTIMIZER: "#9e9e9e",
     KIND_SEND_ACTIVATION: "#f0a030",
     KIND_SEND_GRADIENT: "#9b59b6",
@@ -45,6 +48,7 @@ COLORS = {
 _BANDS = {
     KIND_FORWARD: (0.36, 0.58),
     KIND_BACKWARD: (0.36, 0.58),
+    KIND_WEIGHT: (0.36, 0.58),
     KIND_RECOMPUTE: (0.36, 0.58),
     KIND_OPTIMIZER: (0.36, 0.58),
     KIND_SEND_ACTIVATION: (0.19, 0.14),
@@ -85,7 +89,7 @@ def _draw_chart(ax, result: SimulationResult, x_max: float, info: GanttInfo, wid
             ax.broken_barh([(e.start_ms, e.duration_ms)], (y + bottom, height),
                            facecolors=COLORS[e.kind], edgecolors="black", linewidth=0.3)
             info.boxes[e.kind] += 1
-            if e.kind in (KIND_FORWARD, KIND_RECOMPUTE, KIND_BACKWARD):
+            if e.kind in (KIND_FORWARD, KIND_RECOMPUTE, KIND_BACKWARD, KIND_WEIGHT):
                 text = str(e.micro_batch)
                 if e.duration_ms * px_per_ms >= _MIN_LABEL_PX * len(text):
                     ax.text(e.start_ms + e.duration_ms / 2, y + bottom + height / 2, text,

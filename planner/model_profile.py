@@ -17,11 +17,20 @@ def is_input_node(description: str) -> bool:
     return text.startswith(INPUT_PREFIX) and (text == INPUT_PREFIX or text[len(INPUT_PREFIX):].isdigit())
 
 
+def step_time_scale(profile: LayerCostProfile) -> float:
+    """The factor that makes the layers' forward + backward times sum to the measured whole step
+    (LayerCostProfile.step_ms: what layer-by-layer runs miss, shared caches and gradient accumulation);
+    1 where the profile has no whole step (PipeDream's and the paper's profiles)."""
+    layers_ms = sum(layer.forward_ms + layer.backward_ms for layer in profile.layers)
+    return profile.step_ms / layers_ms if profile.step_ms > 0 and layers_ms > 0 else 1.0
+
+
 @dataclasses.dataclass
 class ModelProfile:
     """The planner's view of a profile: per-sample costs in topological order (plain lists).
 
-    forward_ms/backward_ms/activation_bytes/kept_bytes are per sample (profile value / batch size);
+    forward_ms/backward_ms/activation_bytes/kept_bytes are per sample (profile value / batch size; the
+    times scaled by step_time_scale where the profiler measured a whole step);
     parameter_bytes per layer; consumers[i] = indices of layers consuming layer i;
     last_use[i] = the largest consumer index (or i when unused).
     Input nodes (is_input) stay in the layer list (plans name them) but cost nothing: no compute,
@@ -47,6 +56,9 @@ class ModelProfile:
     is_input: List[bool] = dataclasses.field(default_factory=list)
     working_bytes: List[float] = dataclasses.field(default_factory=list)
     memory_source: str = "lower_bound"
+    # per sample: the part of backward_ms the input gradients need (LayerCost.backward_input_ms); empty when
+    # the profile does not split the backward (then the whole backward precedes the input gradients)
+    backward_input_ms: List[float] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         if not self.is_input:
@@ -96,12 +108,13 @@ class ModelProfile:
                 consumers = [j for j, srcs in enumerate(inputs) if i in srcs]
                 if consumers:
                     input_bytes[consumers[0]] += layer.activation_bytes / bs
+        scale = step_time_scale(profile) / bs
         return cls(
             name=profile.model_name or "model",
             names=[layer.name for layer in layers],
             descriptions=[layer.description for layer in layers],
-            forward_ms=[0.0 if inp else layer.forward_ms / bs for layer, inp in zip(layers, is_input)],
-            backward_ms=[0.0 if inp else layer.backward_ms / bs for layer, inp in zip(layers, is_input)],
+            forward_ms=[0.0 if inp else layer.forward_ms * scale for layer, inp in zip(layers, is_input)],
+            backward_ms=[0.0 if inp else layer.backward_ms * scale for layer, inp in zip(layers, is_input)],
             activation_bytes=[layer.activation_bytes / bs for layer in layers],
             parameter_bytes=params,
             inputs=inputs,
@@ -111,4 +124,6 @@ class ModelProfile:
             is_input=is_input,
             working_bytes=[0.0 if inp else layer.backward_working_bytes / bs for layer, inp in zip(layers, is_input)],
             memory_source=source,
+            backward_input_ms=([0.0 if inp else layer.backward_input_ms * scale for layer, inp in zip(layers, is_input)]
+                               if any(layer.backward_input_ms > 0 for layer in layers) else []),
         )

@@ -91,7 +91,7 @@ def evaluate(model, prefix: cm.Prefix, cluster, stages, global_batch_size: int, 
                    + (fwd[-1] - options.overhead_ms if recompute else 0.0))
         per_byte = cm.allreduce_ms_per_byte(cluster, devs) if r > 1 else 0.0
         ar.append(prefix.parameter_bytes(first, end) * per_byte)
-        if options.overlap and r > 1:
+        if cm.overlaps_allreduce(cluster, options.overlap) and r > 1:
             tail.append(cm.allreduce_tail_ms(model, first, end, cm.largest_slice(micro_batch_size, r), per_byte))
         else:
             tail.append(ar[-1])

@@ -5,6 +5,7 @@ PipeDream text grammar (one item per line, blank lines ignored):
 
     # model_name=<name>          (header lines this project writes; other `#` lines are comments)
     # batch_size=<N>
+    # step_ms=<ms>                (optional: the profiler's whole-step time, LayerCostProfile.step_ms)
     <id> -- <description> -- forward_compute_time=<ms>, backward_compute_time=<ms>,
         activation_size=<bytes | [a; b; ...]>, parameter_size=<bytes>[ -- stage_id=<int>]
     <whitespace><src_id> -- <dst_id>
@@ -154,6 +155,13 @@ def topological_order(names: Sequence[str], inputs: Dict[str, Sequence[str]]) ->
     return order
 
 
+def _is_non_negative(text: str) -> bool:
+    try:
+        return float(text) >= 0
+    except ValueError:
+        return False
+
+
 def _header(text: str, path: str) -> Dict[str, str]:
     """`# key=value` lines at the top of the text (model_name, batch_size)."""
     header = {}
@@ -163,10 +171,12 @@ def _header(text: str, path: str) -> Dict[str, str]:
                 break
             continue
         key, sep, value = raw[1:].strip().partition("=")
-        if sep and key.strip() in ("model_name", "batch_size"):
+        if sep and key.strip() in ("model_name", "batch_size", "step_ms"):
             header[key.strip()] = value.strip()
             if key.strip() == "batch_size" and not value.strip().isdigit():
                 raise ProfileError(f"{path}:{line_no}: batch_size: not a positive integer: {value.strip()!r}")
+            if key.strip() == "step_ms" and not _is_non_negative(value.strip()):
+                raise ProfileError(f"{path}:{line_no}: step_ms: not a non-negative number: {value.strip()!r}")
     return header
 
 
@@ -230,7 +240,8 @@ def parse_pipedream(text: str, path: str = "<string>", batch_size: Optional[int]
         line_no = edge_line.get((cycle[0], cycle[1]), 0)
         raise ProfileError(f"{path}:{line_no}: {e}") from None
     model_name = header.get("model_name") or model_name_from_path(path)
-    profile = LayerCostProfile(model_name=model_name, batch_size=batch_size, source=path)
+    profile = LayerCostProfile(model_name=model_name, batch_size=batch_size, source=path,
+                               step_ms=float(header.get("step_ms", 0.0)))
     for index, name in enumerate(topo):
         layer = profile.layers.add()
         layer.CopyFrom(layers[name])
@@ -265,6 +276,8 @@ def format_pipedream(profile: LayerCostProfile) -> str:
         lines.append(f"# model_name={profile.model_name}")
     if profile.batch_size:
         lines.append(f"# batch_size={profile.batch_size}")
+    if profile.step_ms > 0:
+        lines.append(f"# step_ms={_num(profile.step_ms)}")
     for layer in profile.layers:
         if "\n" in layer.description or " -- " in layer.name:
             raise ProfileError(f"<profile>:0: layer {layer.name!r} cannot be written in PipeDream text")
@@ -289,7 +302,8 @@ def format_pipedream(profile: LayerCostProfile) -> str:
 def write_pipedream(profile: LayerCostProfile, path: str) -> None:
     """Writes format_pipedream(profile) to `path` (ProfileError on I/O failure), and the step memory,
     which the text has no place for, to the side file `<path>.memory` (planner/memory_model.py).
-    Per-layer kept and input bytes are not written: the step memory stands for them."""
+    Per-layer kept and input bytes are not written: the step memory stands for them; nor the input-gradient
+    times (backward_input_ms): write .pbtxt/.pb/.json to keep them."""
     from planner.memory_model import SIDE_FILE_SUFFIX  # pylint: disable=import-outside-toplevel
 
     text = format_pipedream(profile)

@@ -98,7 +98,8 @@ def stage_costs(
             bwd -= fwd - overhead_ms
         per_byte = cm.allreduce_ms_per_byte(cluster, devs) if r > 1 else 0.0
         ar = st.allreduce_ms if st.allreduce_ms else prefix.parameter_bytes(first, end) * per_byte
-        tail = cm.allreduce_tail_ms(model, first, end, slice_samples, per_byte) if overlap_allreduce and r > 1 else ar
+        overlap = cm.overlaps_allreduce(cluster, overlap_allreduce) and r > 1
+        tail = cm.allreduce_tail_ms(model, first, end, slice_samples, per_byte) if overlap else ar
         comm = 0.0
         if i + 1 < len(plan.stages):
             comm = cm.transfer_ms(cluster, devs, tuple(plan.stages[i + 1].device_ids), prefix.cut[end], mbs,
@@ -122,6 +123,7 @@ def stage_costs(
             activation_bytes=activation_multiplier * slice_samples * prefix.kept_per_sample(first, end),
             recompute=st.recompute,
             boundary_bytes=cm.cut_bytes(prefix, first, slice_samples),
+            backward_input_ms=cm.stage_backward_input_ms(prefix, first, end, mbs, r, overhead_ms),
         ))
     return costs
 

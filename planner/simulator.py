@@ -17,6 +17,9 @@ planner/sim_adapter.py with the planner's cost model) and a `Schedule`, and play
 - memory per device = `static_bytes` (parameters, gradients, optimizer state) plus
   `activation_bytes` for every micro-batch in flight on its stage: allocated when F(s, m)
   starts, freed when B(s, m) ends;
+- a stage with `backward_input_ms` (the runtime's B/W split on every stage but the first) runs
+  B(s, m) for that long, sends its input gradients, then W(s, m), the weight gradients, for the
+  rest of its backward; its activations are freed at the end of W(s, m);
 - a stage with `recompute` (GPipe's re-computation) runs R(s, m), its forward again, on its lane
   right before B(s, m), in the backward's slot (it needs no gradient, only the lane); it keeps
   only `boundary_bytes` per micro-batch in flight, and one micro-batch's full activations while
@@ -39,16 +42,18 @@ from planner.schedule import FORWARD, Schedule
 # Event kinds, in drawing order.
 KIND_FORWARD = "forward"
 KIND_BACKWARD = "backward"
+KIND_WEIGHT = "weight_gradient"
 KIND_RECOMPUTE = "recompute"
 KIND_SEND_ACTIVATION = "send_activation"
 KIND_SEND_GRADIENT = "send_gradient"
 KIND_ALLREDUCE = "allreduce"
 KIND_OPTIMIZER = "optimizer"
-COMPUTE_KINDS = (KIND_FORWARD, KIND_RECOMPUTE, KIND_BACKWARD, KIND_OPTIMIZER)
+COMPUTE_KINDS = (KIND_FORWARD, KIND_RECOMPUTE, KIND_BACKWARD, KIND_WEIGHT, KIND_OPTIMIZER)
 COMM_KINDS = (KIND_SEND_ACTIVATION, KIND_SEND_GRADIENT)
 _LABEL = {
     KIND_FORWARD: "F",
     KIND_BACKWARD: "B",
+    KIND_WEIGHT: "W",
     KIND_RECOMPUTE: "R",
     KIND_SEND_ACTIVATION: "A",
     KIND_SEND_GRADIENT: "G",
@@ -81,7 +86,13 @@ class StageCost:
     activation_bytes: float = 0.0
     recompute: bool = False  # re-computation: R(s, m) before B(s, m), only boundary inputs kept
     boundary_bytes: float = 0.0  # with recompute: what a micro-batch in flight keeps (its inputs)
+    # B/W split: the input gradients are sent after this much of the backward; the rest (weight gradients)
+    # runs as W(s, m) right after. None: the whole backward precedes the gradient transfer.
+    backward_input_ms: Optional[float] = None
 
+    @property
+    def splits_backward(self) -> bool:
+        return self.backward_input_ms is not None and 0.0 <= self.backward_input_ms < self.backward_ms
     @property
     def overlapped_allreduce_tail_ms(self) -> float:
         if self.allreduce_tail_ms is not None:
@@ -295,6 +306,10 @@ def simulate(
             kind = KIND_FORWARD if task.kind == FORWARD else KIND_BACKWARD
             if kind == KIND_BACKWARD and st.recompute:
                 lane.append(add(KIND_RECOMPUTE, s, task.micro_batch, f"stage{s}", st.forward_ms))
+            if kind == KIND_BACKWARD and st.splits_backward:
+                lane.append(add(kind, s, task.micro_batch, f"stage{s}", st.backward_input_ms))
+                lane.append(add(KIND_WEIGHT, s, task.micro_batch, f"stage{s}", st.backward_ms - st.backward_input_ms))
+                continue
             lane.append(add(kind, s, task.micro_batch, f"stage{s}", st.forward_ms if task.kind == FORWARD
                             else st.backward_ms))
         lanes.append(lane)
@@ -412,7 +427,7 @@ def _memory_timeline(st: StageCost, stage: int, events: Sequence[Event]) -> Tupl
                 changes.append((e.end_ms, 0, kept - st.activation_bytes))
         elif e.kind == KIND_RECOMPUTE:
             changes.append((e.start_ms, 1, st.activation_bytes - kept))
-        elif e.kind == KIND_BACKWARD:
+        elif e.kind == (KIND_WEIGHT if st.splits_backward else KIND_BACKWARD):
             changes.append((e.end_ms, 0, -st.activation_bytes))
     points = [(0.0, st.static_bytes)]
     current = st.static_bytes

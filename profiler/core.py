@@ -24,12 +24,19 @@ peak (step_peak_bytes) and, per layer, what its backward allocates at its peak b
 values and its dense weight gradients (backward_working_bytes: input gradients and temporaries, e.g.
 an unrolled LSTM's per-step slice gradients, each a dense buffer of the whole gate tensor until they
 are summed; the weight gradients are counted with the parameters).
+Input gradients (backward_input_ms): the backward's operations the layer's input gradients need
+alone (the B part of a zero-bubble B/W split; the rest computes weight gradients).
+Whole step (step_ms): one forward + backward of the whole model with every weight gradient added to an
+accumulator, as the runtime runs each micro-batch: it holds what layer-by-layer runs miss (layers
+evicting each other's weights from the caches, the accumulation), and the planner scales the layer
+times to sum to it (planner/model_profile.py).
 Sizes are exact: activation bytes = bytes of every tensor leaving the layer (its recorded values;
 per tensor in output_activation_bytes when there are several); parameter bytes = shape x dtype size
 of the layer's trainable variables. The DAG: layer j is an input of layer i when i consumes a tensor
 j produced. Analysis of the graph: profiler/analysis.py.
 """
 
+import collections
 import os
 from typing import Callable, Optional
 
@@ -132,8 +139,10 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
         # weights and values computed from them alone: counted with the parameters, not as kept activations
         weight_only = _variable_dependent_ops(graph) - _dependent_ops(graph, {t.op.name for t in input_tensors})
         backward = _build_backward(infos)
-        step_grads = [g for g in tf.gradients(loss, tf.compat.v1.trainable_variables()) if g is not None] \
-            if step_memory else []
+        trainable = tf.compat.v1.trainable_variables()
+        pairs = [(g, v) for g, v in zip(tf.gradients(loss, trainable), trainable) if g is not None]
+        step_grads = [g for g, _ in pairs]
+        step_target = _AccumulatedStep(pairs)
         init = tf.compat.v1.global_variables_initializer()
     base_feed = dict(zip(input_tensors, tf.nest.flatten(input_values)))
 
@@ -154,9 +163,9 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
             feed = {t: values[t.name] for t in info.inputs}
             fwd_target = sorted({t.op for t in info.outputs}, key=lambda op: op.name)  # run, not fetched
             fwd_ms = net_run_ms(sess, fwd_target, probe, feed, warmup, runs, clock) if fwd_target else 0.0
-            bwd_ms = kept = working = 0.0
+            bwd_ms = bwd_input_ms = kept = working = 0.0
             if bwd is not None:
-                target, fed_forward, grad_ys, read_inputs, weight_grad_bytes = bwd
+                target, fed_forward, grad_ys, read_inputs, weight_grad_bytes, input_target = bwd
                 forward_values = sess.run(fed_forward, feed_dict=feed) if fed_forward else []
                 # Kept for backward: the activations this layer's gradient ops read, each counted once.
                 read = list(zip(fed_forward, forward_values)) + [(t, values[t.name]) for t in read_inputs]
@@ -169,11 +178,13 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
                 for ph, out in grad_ys:
                     bwd_feed[ph] = (rng.standard_normal(values[out.name].shape) * 1e-3).astype(ph.dtype.as_numpy_dtype)
                 bwd_ms = net_run_ms(sess, target, probe, bwd_feed, warmup, runs, clock)
+                if input_target:
+                    bwd_input_ms = min(net_run_ms(sess, input_target, probe, bwd_feed, warmup, runs, clock), bwd_ms)
                 if step_memory:
                     working = max(backward_working_bytes(sess, target, probe, bwd_feed, device) - weight_grad_bytes, 0.0)
             layer = profile.layers.add(
                 name=info.name, index=info.index, description=_describe(info),
-                forward_ms=fwd_ms, backward_ms=bwd_ms, backward_kept_bytes=kept, backward_working_bytes=working,
+                forward_ms=fwd_ms, backward_ms=bwd_ms, backward_input_ms=bwd_input_ms, backward_kept_bytes=kept, backward_working_bytes=working,
                 input_bytes=float(sum(values[t.name].nbytes for t in info.inputs if t.name in model_inputs)),
                 activation_bytes=float(sum(values[t.name].nbytes for t in info.outputs)),
                 parameter_bytes=float(sum(tensor_bytes(v) for v in info.variables)),
@@ -182,15 +193,33 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
                 layer.output_activation_bytes.extend(float(values[t.name].nbytes) for t in info.outputs)
             if progress:
                 progress(info.index + 1, len(infos), layer)
+        sess.run(tf.compat.v1.variables_initializer(step_target.accumulators))
+        profile.step_ms = net_run_ms(sess, step_target.ops, probe, base_feed, warmup, runs, clock)
         if step_memory:
             profile.step_peak_bytes = step_peak_bytes(sess, step_grads, base_feed, device,
                                                       sum(layer.parameter_bytes for layer in profile.layers))
     return profile
 
 
+class _AccumulatedStep:
+    """One forward + backward step whose weight gradients are each added to an accumulator's value."""
+
+    def __init__(self, grads_and_vars):
+        self.accumulators = [
+            tf.Variable(tf.zeros(v.shape, v.dtype.base_dtype), trainable=False, name="profiler_accumulator",
+                        collections=[]) for _, v in grads_and_vars]
+        sums = [tf.convert_to_tensor(g) + a.read_value() for (g, _), a in zip(grads_and_vars, self.accumulators)]
+        self.ops = [s.op for s in sums]  # run, not fetched (a group of them would be pruned away)
+
+
+_Backward = collections.namedtuple(
+    "_Backward", "target fed_forward grad_ys read_inputs weight_grad_bytes input_target")
+
+
 def _build_backward(infos):
-    """Per layer: (gradient target op, forward tensors to feed, [(grad_ys placeholder, output)],
-    the layer's inputs its gradient ops read, bytes of its dense weight gradients) or None."""
+    """Per layer: a _Backward (gradient target ops, forward tensors to feed, [(grad_ys placeholder, output)],
+    the layer's inputs its gradient ops read, bytes of its dense weight gradients, the target ops of
+    its input gradients alone) or None."""
     graph = tf.compat.v1.get_default_graph()
     dependent = _variable_dependent_ops(graph)
     result = []
@@ -214,11 +243,13 @@ def _build_backward(infos):
             # dense weight gradients: the planner counts them with the parameters (2 x weights)
             weight_grad_bytes = sum(tensor_bytes(v) for v, g in zip(info.variables, grads[-len(info.variables):])
                                     if isinstance(g, tf.Tensor)) if info.variables else 0
+            input_grads = [g for g in grads[:len(grads) - len(info.variables)] if g is not None]
             grads = [g for g in grads if g is not None]
             if not grads:
                 result.append(None)
                 continue
-            target = sorted({g.op if isinstance(g, tf.Tensor) else g.values.op for g in grads}, key=lambda op: op.name)
+            target = _ops_of(grads)
+            input_target = _ops_of(input_grads)
         new_ops = {op.name for op in graph.get_operations()[first:]}
         own = {op.name for op in info.ops} | {t.op.name for t in info.inputs}
         input_names = {t.name for t in info.inputs}
@@ -230,9 +261,13 @@ def _build_backward(infos):
                     fed[t.name] = t
         read_inputs = {t.name: t for op in graph.get_operations()[first:] for t in op.inputs if t.name in input_names}
         pairs = [(ph, y) for ph, y in zip(grad_ys, ys) if ph is not None]
-        result.append((target, [fed[n] for n in sorted(fed)], pairs, [read_inputs[n] for n in sorted(read_inputs)],
-                       weight_grad_bytes))
+        result.append(_Backward(target, [fed[n] for n in sorted(fed)], pairs, [read_inputs[n] for n in sorted(read_inputs)],
+                                weight_grad_bytes, input_target))
     return result
+
+
+def _ops_of(grads):
+    return sorted({g.op if isinstance(g, tf.Tensor) else g.values.op for g in grads}, key=lambda op: op.name)
 
 
 def _describe(info):

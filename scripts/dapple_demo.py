@@ -7,7 +7,10 @@
    plan: layers cut where the profiled compute is balanced, devices split evenly between stages);
 4. builds the pipelined data-parallel training graph from the plan (dapple_tf.build_pipeline) and
    trains it on the digits training split, printing loss and throughput every --log_every steps;
-5. prints the test accuracy of the trained weights.
+5. prints the test accuracy of the trained weights;
+6. on a machine with at least 2 cores (--speedup), measures a 2-stage pipeline on 2 worker processes,
+   each pinned to its own core, against one such worker (scripts/bench_speedup.py, MLP 8 x 1024, batch
+   1024, M=4), beside the simulator's prediction of both.
 
 Example:
   dapple_demo                       # the planner's own plan
@@ -31,6 +34,8 @@ flags.DEFINE_float("learning_rate", 0.01, "Adam learning rate.")
 flags.DEFINE_integer("log_every", 50, "Print loss and throughput every this many steps.")
 flags.DEFINE_enum("schedule", "dapple", ["dapple", "gpipe"], "Pipeline schedule.")
 flags.DEFINE_integer("seed", 0, "Random seed (data split, batches, initial weights).")
+flags.DEFINE_boolean("speedup", True, "End with the measured speedup of a 2-worker pipeline over one worker "
+                     "(needs 2 cores).")
 
 
 def load_digits(seed):
@@ -148,7 +153,29 @@ def main(argv):
                 losses, interval_start = [], time.time()
         accuracy = float(np.mean(sess.run(predictions) == y_test))
     print(f"\ntest accuracy: {accuracy:.4f} ({len(y_test)} images); total time {time.time() - start:.1f} s")
+    if FLAGS.speedup:
+        speedup_section()
     return 0
+
+
+def speedup_section() -> None:
+    """Step 6 of the module docstring, or why it is skipped."""
+    import os
+    import subprocess
+    import sys
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores < 2:
+        print(f"\n(speedup over one worker skipped: this machine has {cores} core; it needs 2 pinned workers)")
+        return
+    print("\n== speedup: 2 pinned worker processes (1 core each) vs one, measured and simulated ==", flush=True)
+    command = [sys.executable, "-m", "scripts.bench_speedup", "--num_workers=2", "--micro_batches=4",
+               "--plans=single,straight2-M4", "--gpipe=false", "--steps=5"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if not line.startswith(("profile at", "dapple_launch:"))]
+    print("\n".join(lines), flush=True)
+    if done.returncode:
+        print(f"(the speedup benchmark failed: {done.stderr.strip().splitlines()[-1:]})")
 
 
 def run():

@@ -36,9 +36,35 @@ flags.DEFINE_integer("port", 2222, "With --emit: the workers' gRPC port.")
 flags.DEFINE_string("output", None, "With --emit: where to write the spec (default: stdout).")
 flags.DEFINE_boolean("isolate_network", True, "Local clusters run in a private network namespace (loopback only).")
 flags.DEFINE_float("grace", 90, "After a worker dies, how long the chief gets to stop by itself (s).")
+flags.DEFINE_integer("cores_per_worker", None, "Local cluster: pin each worker to this many cores of its own (0: "
+                     "unpinned; default: this machine's cores / tasks, unpinned when there are more tasks than cores).")
+flags.DEFINE_integer("intra_op_threads", None, "Worker thread pool for one kernel's parallelism (default: its cores; "
+                     "unpinned: TF's default).")
+flags.DEFINE_integer("inter_op_threads", None, "Worker thread pool running independent ops (default: its cores + 1, "
+                     "so receiving and sending overlap compute; unpinned: TF's default).")
 
 RESUME_HINT = ("dapple_launch: training did not finish; to resume from the last checkpoint, run the same command "
                "again (dapple_train continues from the latest checkpoint in its --model_dir)")
+
+
+def pinned_cores() -> int:
+    """The cores this process may run on when it was pinned to fewer than the machine has, else 0."""
+    if not hasattr(os, "sched_getaffinity"):
+        return 0
+    mine = len(os.sched_getaffinity(0))
+    return mine if mine < (os.cpu_count() or mine) else 0
+
+
+def worker_threads(cores: int):
+    """WorkerThreads from --intra_op_threads/--inter_op_threads, defaulting to those for `cores`."""
+    from dapple_tf.cluster import WorkerThreads
+
+    default = WorkerThreads.for_cores(cores)
+    intra = default.intra_op if FLAGS.intra_op_threads is None else FLAGS.intra_op_threads
+    inter = default.inter_op if FLAGS.inter_op_threads is None else FLAGS.inter_op_threads
+    if intra < 0 or inter < 0:
+        raise ValueError(f"thread counts must be >= 0, got intra {intra}, inter {inter}")
+    return WorkerThreads(intra, inter)
 
 
 def serve_or_run(command):
@@ -53,9 +79,12 @@ def serve_or_run(command):
         os.execvp(args[0], args)
     if command:
         raise ValueError(f"a worker task runs no command, got: {' '.join(command)}")
-    server = start_server(cluster, FLAGS.virtual_devices or None)
+    threads = worker_threads(pinned_cores())
+    server = start_server(cluster, FLAGS.virtual_devices or None, threads)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "all"
     print(f"worker task {cluster.task_index} serving at {cluster.workers[cluster.task_index]} "
-          f"(target {server.target})", flush=True)
+          f"(target {server.target}; cores {cores}, threads intra {threads.intra_op} inter {threads.inter_op})",
+          flush=True)
     server.join()
     return 0
 
@@ -105,7 +134,9 @@ def main(argv):
     launch_local.command_line(command)  # a bad command fails before anything starts
     if FLAGS.isolate_network:
         launch_local.reexec_in_private_network(sys.argv[1:])
-    code = launch_local.run_local(tasks, devices, command, grace_s=FLAGS.grace)
+    cores = launch_local.default_cores_per_worker(tasks) if FLAGS.cores_per_worker is None else FLAGS.cores_per_worker
+    code = launch_local.run_local(tasks, devices, command, grace_s=FLAGS.grace, cores_per_worker=cores,
+                                  threads=worker_threads(cores))
     if code:
         print(RESUME_HINT, file=sys.stderr, flush=True)
     return code

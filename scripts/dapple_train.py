@@ -61,6 +61,9 @@ flags.DEFINE_enum("optimizer", "sgd", ["sgd", "momentum", "adam"], "Optimizer.")
 flags.DEFINE_float("learning_rate", 0.01, "Learning rate.")
 flags.DEFINE_integer("seed", 0, "Random seed (initial weights, synthetic data).")
 flags.DEFINE_float("failure_timeout", 60, "On a cluster: a step or a lost task ends training within this (s).")
+flags.DEFINE_string("trace", None, "Write the measured timeline of one step (--trace_step) to this Chrome trace "
+                    "file, and a PNG beside it (above the simulated timeline when the plan comes with a profile).")
+flags.DEFINE_integer("trace_step", 5, "With --trace: which step of this run to trace.")
 flags.DEFINE_float("worker_wait_timeout", 60, "On a cluster: how long to wait for the workers to come up (s).")
 
 
@@ -134,27 +137,32 @@ def make_plan(model_fn, input_fn, name, devices, batch_size):
     import dapple_tf
     from dapple_tf.cluster import map_devices
     from dapple_tf.replicas import canonical_device
+    import profiler
     from planner import api as planner_api
     from planner.report import summarize
+    from planner.schemas import plan_pb2, read_message
+    from planner.sim_adapter import simulate_plan
 
+    simulated = None
     if FLAGS.plan:
         plan = dapple_tf.Plan.from_file(FLAGS.plan)
+        if FLAGS.trace and FLAGS.profile:
+            simulated = simulate_plan(read_message(FLAGS.plan, plan_pb2.Plan), profiler.read_profile(FLAGS.profile))
     else:
         cluster = planner_cluster(devices)
         if FLAGS.profile:
-            import profiler
-
             profile = profiler.read_profile(FLAGS.profile)
         else:
             profile = profile_here(model_fn, input_fn, max(1, batch_size // len(cluster.device_names)), name)
         proto = planner_api.plan(profile, cluster, batch_size, planner="dapple")
         print(summarize(proto), flush=True)
+        simulated = simulate_plan(proto, profile) if FLAGS.trace else None
         plan = dapple_tf.Plan.from_proto(proto, source=f"the plan for {cluster.name}")
     if devices is None:  # this process's own devices
         devices = [canonical_device(d.name) for d in tf.config.list_logical_devices()]
     plan = plan.with_devices(canonical_device)  # build_pipeline's spelling, as map_devices compares names
     mapping = dict(zip(plan.devices, map_devices(plan.devices, devices)))
-    return plan.with_devices(mapping.__getitem__)
+    return plan.with_devices(mapping.__getitem__), simulated
 
 
 def optimizer():
@@ -209,20 +217,22 @@ def main(argv):
     if not batch_size:
         raise ValueError("--global_batch_size is required (the plan file does not say it)")
     model_fn, input_fn, eval_input_fn, name = model_and_inputs(batch_size)
+    simulated = None
     if horovod:
         plan, global_input_fn = horovod.plan, input_fn
         input_fn = lambda step: horovod.local_slice(global_input_fn(step))  # noqa: E731
     else:
-        plan = make_plan(model_fn, input_fn, name, devices, batch_size)
+        plan, simulated = make_plan(model_fn, input_fn, name, devices, batch_size)
     options = TrainerOptions(
         save_checkpoints_steps=FLAGS.save_checkpoints_steps, save_checkpoints_secs=FLAGS.save_checkpoints_secs,
         keep_checkpoints=FLAGS.keep_checkpoints, log_every=FLAGS.log_every, summary_every=FLAGS.summary_every,
         eval_every=FLAGS.eval_every if eval_input_fn else 0, failure_timeout_s=FLAGS.failure_timeout,
-        worker_wait_s=FLAGS.worker_wait_timeout, seed=FLAGS.seed)
+        worker_wait_s=FLAGS.worker_wait_timeout, seed=FLAGS.seed, trace_path=FLAGS.trace, trace_step=FLAGS.trace_step)
     lead = not horovod or horovod.rank == 0  # under Horovod, rank 0 checkpoints and logs
     trainer = Trainer(model_fn, input_fn, optimizer, plan, FLAGS.model_dir if lead else None, schedule=FLAGS.schedule,
                       eval_input_fn=eval_input_fn, cluster=cluster, options=options, config=config,
-                      horovod=horovod, log=None if lead else (lambda text: None), batch_norm=FLAGS.batch_norm)
+                      horovod=horovod, log=None if lead else (lambda text: None), batch_norm=FLAGS.batch_norm,
+                      simulated=simulated)
     where = f"{len(cluster.workers)} worker tasks" if cluster else f"{FLAGS.num_devices} virtual CPU devices"
     if horovod:
         where = f"{horovod.size} Horovod processes x {where}"

@@ -1,7 +1,9 @@
 """A local TF cluster for dapple_launch: worker processes on loopback, the chief, logs, teardown.
 
 `run_local(num_tasks, devices_per_task, command)` starts `num_tasks` worker servers (each its own
-process, `dapple_launch --tf_config`, with `devices_per_task` virtual CPU devices), then the chief
+process, `dapple_launch --tf_config`, with `devices_per_task` virtual CPU devices; with
+`cores_per_worker`, each pinned to its own cores with thread pools sized for them:
+dapple_tf.cluster.WorkerThreads), then the chief
 command with its TF_CONFIG; it streams every process's output with a task prefix, and tears all of
 them down when the chief ends, when a worker dies (after giving the chief `grace_s` to fail by
 itself), on SIGINT/SIGTERM, or if this process is killed (the children get SIGKILL through
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 NETNS_ENV = "DAPPLE_LAUNCH_NETNS"
 PROGRAMS = ("dapple_train", "dapple_profile", "dapple_plan", "dapple_simulate", "dapple_demo")
@@ -78,15 +80,27 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def default_cores_per_worker(num_tasks: int) -> int:
+    """Each worker its own share of this machine's cores; 0 (unpinned) when there are more workers than cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores // num_tasks
+
+
 class _Process:
     """A child process whose output lines are printed with a prefix."""
 
     _print_lock = threading.Lock()
 
-    def __init__(self, label: str, args: List[str], env: dict):
+    def __init__(self, label: str, args: List[str], env: dict, cores: Sequence[int] = ()):
         self.label = label
+
+        def prepare():
+            _die_with_parent()
+            if cores:
+                os.sched_setaffinity(0, set(cores))
+
         self.popen = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                      stdin=subprocess.DEVNULL, preexec_fn=prepare)
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
 
@@ -122,10 +136,33 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def worker_placement(num_tasks: int, cores_per_worker: int, log=print) -> List[Tuple[int, ...]]:
+    """The cores each worker task is pinned to (empty: unpinned), with a warning when workers share cores."""
+    from dapple_tf.cluster import worker_cores
+
+    if cores_per_worker <= 0:
+        return [()] * num_tasks
+    if not hasattr(os, "sched_setaffinity"):
+        log("dapple_launch: this platform has no CPU affinity (os.sched_setaffinity): workers run unpinned")
+        return [()] * num_tasks
+    available = len(os.sched_getaffinity(0))
+    if num_tasks * cores_per_worker > available:
+        log(f"dapple_launch: warning: {num_tasks} workers x {cores_per_worker} cores > the {available} cores this "
+            "process may use: workers share cores, so their step times are not those of separate devices")
+    return [worker_cores(i, cores_per_worker) for i in range(num_tasks)]
+
+
 def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], grace_s: float = 90.0,
-              log=print) -> int:
-    """Runs the local cluster and the chief command; returns the exit code for dapple_launch."""
-    from dapple_tf.cluster import TFCluster, free_ports
+              log=print, cores_per_worker: int = 0, threads=None) -> int:
+    """Runs the local cluster and the chief command; returns the exit code for dapple_launch.
+
+    cores_per_worker > 0 pins worker i to its own cores (dapple_tf.cluster.worker_cores); threads (a
+    dapple_tf.cluster.WorkerThreads) sizes each worker's thread pools (default: WorkerThreads.for_cores).
+    """
+    from dapple_tf.cluster import TFCluster, WorkerThreads, free_ports
+
+    placement = worker_placement(num_tasks, cores_per_worker, log)
+    threads = threads or WorkerThreads.for_cores(cores_per_worker)
 
     chief_args = command_line(command)
     cluster = TFCluster(tuple(f"127.0.0.1:{p}" for p in free_ports(num_tasks)))
@@ -143,10 +180,13 @@ def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], gra
     try:
         for i in range(num_tasks):
             env = dict(base_env, TF_CONFIG=cluster.tf_config("worker", i))
-            args = [sys.executable, "-m", "scripts.dapple_launch", "--tf_config", f"--virtual_devices={devices_per_task}"]
-            workers.append(_Process(f"worker {i}", args, env))
+            args = [sys.executable, "-m", "scripts.dapple_launch", "--tf_config", f"--virtual_devices={devices_per_task}",
+                    f"--intra_op_threads={threads.intra_op}", f"--inter_op_threads={threads.inter_op}"]
+            workers.append(_Process(f"worker {i}", args, env, placement[i]))
+            pinned = f", cores {list(placement[i])}" if placement[i] else ""
             log(f"dapple_launch: worker task {i} at {cluster.workers[i]} (pid {workers[-1].popen.pid}, "
-                f"{devices_per_task} virtual CPU devices)")
+                f"{devices_per_task} virtual CPU devices{pinned}, threads intra {threads.intra_op} "
+                f"inter {threads.inter_op})")
         chief = _Process("chief", chief_args, dict(base_env, TF_CONFIG=cluster.tf_config("chief", 0)))
         log(f"dapple_launch: chief (pid {chief.popen.pid}): {' '.join(command)}")
         failed_at = None

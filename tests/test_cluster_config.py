@@ -240,3 +240,40 @@ def test_slurm_script_starts_every_task_with_its_tf_config(tmp_path):
     assert commands["chief"] == "--tf_config -- dapple_train --model=mlp --steps=5"
     assert commands["worker"] == "--tf_config --virtual_devices=2"
     assert "#SBATCH --nodes=3" in script.read_text()
+
+
+WAIT_FOR_WORKERS = ("from dapple_tf.cluster import TFCluster, wait_for_workers; "
+                    "wait_for_workers(TFCluster.from_tf_config(), 60); print('workers up')")
+
+
+def test_launcher_pins_workers_and_their_thread_pools_reach_the_servers():
+    """Each worker reports, from inside its own process, the cores it runs on and the thread pools its
+    server was started with: one core each, intra 1 and inter 2 (one thread left for transfers), or
+    what the flags say."""
+    from dapple_tf.cluster import worker_cores
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to pin 2 workers")
+    result = run_program("dapple_launch", "--cluster=local:2x1", "--isolate_network=false", "--cores_per_worker=1",
+                         "--", sys.executable, "-c", WAIT_FOR_WORKERS, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for i in range(2):
+        cores = list(worker_cores(i, 1))
+        assert f"cores {cores}, threads intra 1 inter 2" in result.stdout, result.stdout
+    assert "[chief] workers up" in result.stdout
+    result = run_program("dapple_launch", "--cluster=local:2x1", "--isolate_network=false", "--cores_per_worker=0",
+                         "--inter_op_threads=3", "--", sys.executable, "-c", WAIT_FOR_WORKERS, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    everything = sorted(os.sched_getaffinity(0))
+    assert result.stdout.count(f"cores {everything}, threads intra 0 inter 3") == 2, result.stdout
+
+
+def test_worker_threads_for_pinned_cores():
+    from dapple_tf.cluster import WorkerThreads
+
+    assert WorkerThreads.for_cores(1) == WorkerThreads(1, 2)
+    assert WorkerThreads.for_cores(4) == WorkerThreads(4, 5)
+    assert WorkerThreads.for_cores(0) == WorkerThreads(0, 0)  # unpinned: TF's defaults
+    config = server_config(2, WorkerThreads(1, 2))
+    assert (config.intra_op_parallelism_threads, config.inter_op_parallelism_threads) == (1, 2)
+    assert config.device_count["CPU"] == 2

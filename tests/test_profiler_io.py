@@ -73,9 +73,11 @@ def test_own_profile_round_trips(ext, tmp_path, gnmt_profile):
     profiler.write_profile(profile, str(out))
     again = profiler.read_profile(str(out))
     assert again.batch_size == 2 and again.step_peak_bytes == 123456.0  # .txt: in `<file>.memory`
-    if ext == ".txt":  # PipeDream text has no place for these: the step memory stands for them
+    if ext == ".txt":  # PipeDream text has no place for these: the step memory and step time stand for them
         for layer in profile.layers:
             layer.backward_kept_bytes = layer.input_bytes = layer.backward_working_bytes = 0
+            layer.backward_input_ms = 0
+        assert again.step_ms == profile.step_ms > 0  # a `# step_ms=` header
     assert list(again.layers) == list(profile.layers)
     if ext != ".txt":
         assert again == profile

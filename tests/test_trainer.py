@@ -1,5 +1,6 @@
 """dapple_tf.Trainer and dapple_train in one process: exact resume, summaries, held-out loss, a user's model."""
 
+import collections
 import glob
 
 import numpy as np
@@ -103,3 +104,22 @@ def test_dapple_train_refuses_a_cluster_plan_in_one_process(tmp_path):
     assert result.returncode == 1
     assert ("the plan uses devices that are not available here: ['/job:worker/replica:0/task:0/device:CPU:0']; "
             "available: ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']") in result.stderr
+
+
+def test_dapple_train_traces_one_step_beside_the_simulated_one(tmp_path):
+    """--trace writes the measured timeline of one step (Chrome trace) and a PNG of it above the planner's
+    simulated timeline: one forward and one backward box per (stage, micro-batch) of the plan it printed."""
+    import json
+
+    trace = tmp_path / "step.json"
+    result = run_program("dapple_train", "--model=mlp", "--global_batch_size=32", "--num_devices=2", "--steps=4",
+                         f"--trace={trace}", "--trace_step=3", timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "traced step 3 of this run: measured" in result.stdout and "; simulated" in result.stdout
+    assert (tmp_path / "step.png").stat().st_size > 0
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("training mlp:"))
+    stages, m = int(line.split(": ")[1].split(" stages")[0]), int(line.split("M=")[1].split(",")[0])
+    names = collections.Counter(e["name"] for e in events)
+    assert sum(n for name, n in names.items() if name.startswith("F")) >= stages * m
+    assert sum(n for name, n in names.items() if name.startswith("B")) >= stages * m

@@ -1,0 +1,60 @@
+"""scripts/bench_speedup: its rows (JSON keys, plans, numbers that make sense), its trace files, and its
+process handling (nothing left running). Correctness, not timing: a tiny MLP and two steps per plan."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.programs import run_program
+
+pytestmark = pytest.mark.slow
+
+
+def _ours():
+    """Pids of processes running this repository's launcher, workers or benchmark."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(pid) != os.getpid() and ("scripts.dapple_launch" in cmdline or "scripts.bench_speedup" in cmdline):
+            found.append(int(pid))
+    return found
+
+
+def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
+    before = _ours()
+    out, traces = tmp_path / "rows.json", tmp_path / "traces"
+    result = run_program(
+        "bench_speedup", "--model=mlp", "--model_flags=input_dim=32,hidden=64:64:64:64,num_classes=4",
+        "--global_batch_size=32", "--num_workers=2", "--micro_batches=1,4", "--steps=2",
+        "--plans=single,dp2,straight2-M4,gpipe2-M4,planner", f"--json={out}", f"--trace_dir={traces}",
+        f"--profile_dir={tmp_path / 'profiles'}", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {row["plan"]: row for row in json.loads(out.read_text())}
+    assert set(rows) == {"single", "dp2", "straight2-M4", "gpipe2-M4", "planner"}
+    for row in rows.values():
+        for key in ("measured_ms", "simulated_ms", "speedup", "ideal_speedup"):
+            assert row[key] > 0, (key, row)
+        assert len(row["peak_bytes"]) == 2
+    assert rows["single"]["speedup"] == 1.0 and rows["single"]["ideal_speedup"] == 1.0
+    assert rows["dp2"]["ideal_speedup"] == 2.0
+    assert rows["straight2-M4"]["ideal_speedup"] == pytest.approx(2 * 4 / 5)
+    assert rows["single"]["peak_bytes"][1] == 0  # worker 1 runs nothing of the single-worker plan
+    assert all(p > 0 for p in rows["dp2"]["peak_bytes"])
+    for name in rows:
+        assert (traces / f"{name}.png").stat().st_size > 0
+        trace = json.loads((traces / f"{name}.trace.json").read_text())
+        assert trace["traceEvents"]
+    assert "straight2-M4" in result.stdout and "meas/sim" in result.stdout
+    assert _ours() == before, subprocess.run(["ps", "-ef"], capture_output=True, text=True).stdout
+
+
+def test_more_workers_than_the_plans_allow_is_an_error():
+    result = run_program("bench_speedup", "--num_workers=1", timeout=120)
+    assert result.returncode == 1
+    assert "--num_workers=1: a speedup needs at least 2 workers" in result.stderr

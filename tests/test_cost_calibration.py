@@ -1,0 +1,89 @@
+"""What the cost model learns from measurements: the profiler's whole step (step_ms) and input-gradient
+time (backward_input_ms), a cluster's measured AllReduce bandwidth and whether its devices' own cores
+communicate, and profiles measured at several batch sizes."""
+
+import pytest
+
+from planner import api, cost_model as cm
+from planner.cluster import local_task_cluster
+from planner.model_profile import ModelProfile
+from planner.profile import format_pipedream, parse_pipedream
+from planner.schemas import layer_cost_pb2
+from planner.simulator import KIND_BACKWARD, KIND_SEND_GRADIENT, KIND_WEIGHT
+from scripts import speedup_plans
+
+
+def _profile(batch_size=8, step_ms=0.0, backward_input=0.0, forward=1.0, backward=2.0, layers=4):
+    profile = layer_cost_pb2.LayerCostProfile(model_name="toy", batch_size=batch_size, step_ms=step_ms)
+    for i in range(layers):
+        layer = profile.layers.add(name=f"l{i}", index=i, forward_ms=forward, backward_ms=backward,
+                                   backward_input_ms=backward_input if i else 0.0, activation_bytes=4096.0,
+                                   parameter_bytes=2**20)
+        if i:
+            layer.inputs.append(f"l{i - 1}")
+    return profile
+
+
+def test_layer_times_are_scaled_to_the_measured_whole_step():
+    plain = ModelProfile.from_proto(_profile())
+    scaled = ModelProfile.from_proto(_profile(step_ms=15.0))  # layers sum to 12 ms
+    assert plain.forward_ms == pytest.approx([1.0 / 8] * 4)
+    assert scaled.forward_ms == pytest.approx([1.25 / 8] * 4)
+    assert scaled.backward_ms == pytest.approx([2.5 / 8] * 4)
+
+
+def test_step_ms_survives_pipedream_text():
+    text = format_pipedream(_profile(step_ms=15.5))
+    assert "# step_ms=15.5" in text
+    assert parse_pipedream(text, "p.txt").step_ms == 15.5
+    with pytest.raises(ValueError, match=r"p.txt:3: step_ms: not a non-negative number: 'fast'"):
+        parse_pipedream(text.replace("15.5", "fast"), "p.txt")
+
+
+def test_a_later_stage_sends_its_input_gradients_before_its_weight_gradients():
+    cluster = local_task_cluster(2, 1)
+    split = speedup_plans.make_plan("s", ModelProfile.from_proto(_profile(backward_input=0.5)), cluster, 8,
+                                    [(0, 2, [0]), (2, 4, [1])], 2)
+    result = speedup_plans.simulate(split, ModelProfile.from_proto(_profile(backward_input=0.5)))
+    b = {e.micro_batch: e for e in result.events if e.kind == KIND_BACKWARD and e.stage == 1}
+    w = {e.micro_batch: e for e in result.events if e.kind == KIND_WEIGHT and e.stage == 1}
+    sends = {e.micro_batch: e for e in result.events if e.kind == KIND_SEND_GRADIENT}
+    # per micro-batch of 4 samples: 2 layers x 0.5 ms x 4/8 + the pass overhead; W is the rest of 2 x 2 ms x 4/8
+    assert b[0].duration_ms == pytest.approx(0.5 + cm.PASS_OVERHEAD_MS)
+    assert w[0].duration_ms == pytest.approx(2.0 - 0.5)
+    assert w[0].start_ms == pytest.approx(b[0].end_ms)
+    assert sends[0].start_ms == pytest.approx(b[0].end_ms)  # not after W
+    assert not [e for e in result.events if e.kind == KIND_WEIGHT and e.stage == 0]  # stage 0: no split
+    unsplit = speedup_plans.simulate(split, ModelProfile.from_proto(_profile()))
+    assert result.iteration_ms < unsplit.iteration_ms
+
+
+def test_measured_allreduce_bandwidth_and_cpu_communication():
+    cluster = local_task_cluster(2, 1)
+    assert cluster.communication_uses_compute
+    assert not cm.overlaps_allreduce(cluster)
+    per_byte = cm.allreduce_ms_per_byte(cluster, [0, 1])
+    assert per_byte == pytest.approx(1e3 / cluster.inter_server_bandwidth)  # 2 (n-1)/n = 1 for n = 2
+    cluster.allreduce_bandwidth = cluster.inter_server_bandwidth / 4
+    assert cm.allreduce_ms_per_byte(cluster, [0, 1]) == pytest.approx(4 * per_byte)
+    model = ModelProfile.from_proto(_profile())
+    dp = speedup_plans.make_plan("dp2", model, cluster, 8, [(0, 4, [0, 1])], 1)
+    assert dp.proto.stages[0].allreduce_ms == pytest.approx(4 * 2**20 * 4 * per_byte)
+    # no overlap where the devices' cores communicate: the whole AllReduce follows the backward
+    assert dp.proto.estimated_iteration_ms == pytest.approx(
+        dp.proto.stages[0].forward_ms + dp.proto.stages[0].backward_ms + dp.proto.stages[0].allreduce_ms)
+
+
+@pytest.mark.filterwarnings("ignore::planner.api.MemoryLowerBoundWarning")
+def test_each_micro_batch_size_is_planned_with_the_profile_measured_nearest_to_it():
+    cluster = local_task_cluster(2, 1)
+    # per sample, small batches cost 4x as much: only the large-batch profile makes small micro-batches cheap
+    profiles = {2: ModelProfile.from_proto(_profile(batch_size=2, forward=1.0, backward=2.0)),
+                8: ModelProfile.from_proto(_profile(batch_size=8, forward=1.0, backward=2.0))}
+    chosen = api.plan_from_profiles(profiles, cluster, 8, micro_batch_sizes=[2, 8])
+    for size in (2, 8):
+        alone = api.plan(profiles[size], cluster, 8, micro_batch_sizes=[size])
+        assert chosen.estimated_iteration_ms <= alone.estimated_iteration_ms + 1e-9
+    assert chosen.micro_batch_size == 8
+    with pytest.raises(api.PlanningError, match="needs at least one profile"):
+        api.plan_from_profiles({}, cluster, 8)

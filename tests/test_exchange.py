@@ -1,0 +1,82 @@
+"""Gradient exchange across processes (collectives.exchange_sum) and the B/W order inside backward tasks."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dapple_tf
+from dapple_tf import collectives
+from planner.schedule import BACKWARD, Task
+from tests import toy_models
+from tests.pipeline_harness import SESSION_CONFIG, cpu
+
+SHAPES = [(3, 5), (700, 600), (7,), (2000, 300), (1,), (4, 4, 4)]  # small, large, small, large, ...
+
+
+@pytest.mark.parametrize("num_devices", [2, 3])
+def test_exchange_sum_equals_the_sum_on_every_device(num_devices):
+    rng = np.random.default_rng(0)
+    values = {cpu(d): [rng.standard_normal(s).astype(np.float32) for s in SHAPES] for d in range(num_devices)}
+    with tf.Graph().as_default():
+        per_device = {}
+        for device, arrays in values.items():
+            with tf.device(device):
+                per_device[device] = [tf.constant(a) for a in arrays]
+        sums = collectives.exchange_sum(per_device, pack_bytes=2**20)
+        with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
+            got = sess.run(sums)
+    for i, shape in enumerate(SHAPES):
+        expected = sum(values[d][i] for d in values)
+        for device in values:
+            assert got[device][i].shape == shape
+            np.testing.assert_allclose(got[device][i], expected, rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(got[device][i], got[cpu(0)][i])  # the same bits everywhere
+
+
+def test_small_tensors_travel_packed_large_ones_alone():
+    with tf.Graph().as_default():
+        tensors = [tf.zeros(s) for s in SHAPES]
+    # 4-byte floats: 60 B, 1.68 MB, 28 B, 2.4 MB, 4 B, 256 B
+    assert collectives._groups(tensors, 2**20) == [[1], [3], [0, 2, 4, 5]]
+    assert collectives._groups(tensors, 64) == [[1], [0, 2], [3], [5], [4]]
+
+
+def test_only_cpu_devices_of_several_tasks_use_the_exchange():
+    task = "/job:worker/replica:0/task:{}/device:{}:0"
+    assert collectives.uses_exchange([task.format(0, "CPU"), task.format(1, "CPU")])
+    assert not collectives.uses_exchange([cpu(0), cpu(1)])  # one process: TF's ring collective
+    assert not collectives.uses_exchange([task.format(0, "GPU"), task.format(1, "GPU")])  # NCCL
+
+
+def test_weight_gradients_wait_for_the_input_gradients_of_a_later_stage():
+    """Stage 1's backward computes the input gradients stage 0 waits for before its weight gradients: every
+    weight-gradient matmul of stage 1 depends (through control edges) on its input-gradient marker, while
+    stage 0 (nobody waits for its input gradients) has no marker."""
+    x, y = toy_models.batch(8)
+    plan = dapple_tf.Plan.from_stages([(0, 2, [cpu(0)]), (3, 4, [cpu(1)])], num_micro_batches=2)
+    with tf.Graph().as_default() as graph:
+        handle = dapple_tf.build_pipeline(toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x),
+                                          tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan)
+        for stage, has_marker in ((0, False), (1, True)):
+            for m in range(2):
+                names = next(n for (_, task, replica), n in handle.task_op_names.items()
+                             if task == Task(stage, BACKWARD, m) and replica == 0)
+                markers = [n for n in names if n.startswith("input_grads_")]
+                assert bool(markers) == has_marker, (stage, m, markers)
+                if has_marker:
+                    marker = graph.get_operation_by_name(markers[0])
+                    weight_matmuls = [graph.get_operation_by_name(n) for n in names if n.endswith("MatMul_1")]
+                    assert weight_matmuls
+                    for op in weight_matmuls:
+                        assert _depends_on(op, marker), op.name
+
+
+def _depends_on(op, target, seen=None):
+    seen = set() if seen is None else seen
+    if op is target:
+        return True
+    if op in seen:
+        return False
+    seen.add(op)
+    return any(_depends_on(t.op, target, seen) for t in op.inputs) or any(
+        _depends_on(c, target, seen) for c in op.control_inputs)

@@ -1,0 +1,135 @@
+"""dapple_tf.timeline: the measured timeline of one traced pipelined step (virtual CPU devices), its
+boxes per task, transfers, AllReduce and optimizer steps, its Chrome trace and its picture."""
+
+import collections
+import json
+
+import pytest
+import tensorflow as tf
+
+import dapple_tf
+from dapple_tf import timeline
+from planner.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER, KIND_SEND_ACTIVATION,
+                               KIND_SEND_GRADIENT, simulate)
+from tests import toy_models
+from tests.pipeline_harness import SESSION_CONFIG, cpu
+
+M = 2
+PLANS = {
+    "straight": [(0, 2, [cpu(0)]), (3, 4, [cpu(1)])],
+    "replicated_2_1": [(0, 2, [cpu(0), cpu(1)]), (3, 4, [cpu(2)])],
+}
+LOCAL = "/job:localhost/replica:0/task:0"
+
+
+def traced_step(stages, partition_graphs=True):
+    """Builds the dapple pipeline of the toy model for `stages`, runs a step, traces the next one."""
+    x, y = toy_models.batch(8)
+    plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=M)
+    with tf.Graph().as_default():
+        handle = dapple_tf.build_pipeline(
+            toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x), tf.constant(y),
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), plan, schedule="dapple",
+        )
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
+                                          output_partition_graphs=partition_graphs)
+        metadata = tf.compat.v1.RunMetadata()
+        with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
+            sess.run(handle.initializer)
+            sess.run(handle.train_op)
+            sess.run(handle.train_op, options=options, run_metadata=metadata)
+    return metadata, handle
+
+
+@pytest.fixture(scope="module", params=sorted(PLANS))
+def traced(request):
+    metadata, handle = traced_step(PLANS[request.param])
+    return metadata, handle, timeline.measured_timeline(metadata, handle)
+
+
+def counts(result, kind):
+    return collections.Counter((e.stage, e.micro_batch) for e in result.events if e.kind == kind)
+
+
+def test_one_forward_and_backward_box_per_task_in_the_schedule_order(traced):
+    _, handle, measured = traced
+    every = collections.Counter({(s, m): 1 for s in range(2) for m in range(M)})
+    assert counts(measured, KIND_FORWARD) == every and counts(measured, KIND_BACKWARD) == every
+    for s, tasks in enumerate(handle.schedule.stage_tasks):
+        boxes = sorted(measured.stage_events(s, (KIND_FORWARD, KIND_BACKWARD)), key=lambda e: e.start_ms)
+        assert [e.label for e in boxes] == [str(t) for t in tasks]
+        for before, after in zip(boxes, boxes[1:]):  # the schedule's control edges chain them
+            assert before.end_ms <= after.start_ms, (before, after)
+    ids = [d for s in handle.stages for d in s.devices]
+    assert measured.device_stage == {i: s.index for s in handle.stages for i, d in enumerate(ids) if d in s.devices}
+    assert all(0.0 <= e.start_ms <= e.end_ms <= measured.iteration_ms for e in measured.events)
+
+
+def test_transfers_allreduce_and_optimizer_boxes(traced):
+    _, handle, measured = traced
+    assert counts(measured, KIND_SEND_ACTIVATION) == {(0, m): 1 for m in range(M)}
+    assert counts(measured, KIND_SEND_GRADIENT) == {(1, m): 1 for m in range(M)}
+    assert {e.resource for e in measured.events if e.kind == KIND_SEND_ACTIVATION} == {"link0>1"}
+    assert {e.resource for e in measured.events if e.kind == KIND_SEND_GRADIENT} == {"link1>0"}
+    replicated = {s.index: 1 for s in handle.stages if s.replication > 1}
+    assert counts(measured, KIND_ALLREDUCE) == {(s, -1): n for s, n in replicated.items()}
+    assert counts(measured, KIND_OPTIMIZER) == {(0, -1): 1, (1, -1): 1}
+    assert [st.devices for st in measured.stages] == [
+        tuple(i for i, d in sorted(measured.device_stage.items()) if d == s) for s in range(2)
+    ]
+    assert all((st.allreduce_ms > 0) == (s in replicated) for s, st in enumerate(measured.stages))
+
+
+def test_without_partition_graphs_the_graph_gives_the_same_transfers():
+    metadata, handle = traced_step(PLANS["replicated_2_1"], partition_graphs=False)
+    assert not metadata.partition_graphs
+    measured = timeline.measured_timeline(metadata, handle)
+    assert counts(measured, KIND_SEND_ACTIVATION) == {(0, m): 1 for m in range(M)}
+    assert counts(measured, KIND_SEND_GRADIENT) == {(1, m): 1 for m in range(M)}
+
+
+def test_a_remote_receive_times_its_transfer_and_other_devices_are_ignored():
+    metadata, handle = traced_step(PLANS["straight"])
+    receive = next(n for g in metadata.partition_graphs for n in g.node
+                   if n.op == "_Recv" and "dapple/stage0/mb1/" in n.attr["tensor_name"].s.decode())
+    last_us = max(n.all_start_micros + n.all_end_rel_micros for d in metadata.step_stats.dev_stats
+                  for n in d.node_stats)
+    # as a cluster's worker reports a transfer from another task: one RecvTensor op on the receiver
+    remote = metadata.step_stats.dev_stats.add(device=LOCAL + handle.stages[1].devices[0])
+    tensor, send, recv = (receive.attr[k].s.decode() for k in ("tensor_name", "send_device", "recv_device"))
+    remote.node_stats.add(node_name="RecvTensor", all_start_micros=last_us + 100, all_end_rel_micros=1000,
+                          timeline_label=f"[64B] [0.5Mb/s] {tensor} from {send} to {recv}")
+    stream = metadata.step_stats.dev_stats.add(device=LOCAL + handle.stages[0].devices[0] + "/stream:all")
+    stream.node_stats.add(node_name="kernel", all_start_micros=last_us + 10**6, all_end_rel_micros=5)
+    measured = timeline.measured_timeline(metadata, handle)
+    box = next(e for e in measured.events if e.kind == KIND_SEND_ACTIVATION and e.micro_batch == 1)
+    assert box.duration_ms == pytest.approx(1.0)
+    assert box.end_ms == pytest.approx(measured.iteration_ms)  # not the stream's kernel, a second later
+
+
+def test_chrome_trace_holds_the_boxes(traced, tmp_path):
+    _, handle, measured = traced
+    path = tmp_path / "measured.json"
+    written = timeline.write_measured_trace(measured, str(path))
+    boxes = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert written == len(boxes)
+    for device, stage in measured.device_stage.items():
+        mine = collections.Counter(e["cat"] for e in boxes if e["pid"] == device)
+        assert mine[KIND_FORWARD] == M and mine[KIND_BACKWARD] == M and mine[KIND_OPTIMIZER] == 1
+        names = [e["name"] for e in sorted(boxes, key=lambda e: e["ts"])
+                 if e["pid"] == device and e["cat"] in (KIND_FORWARD, KIND_BACKWARD)]
+        assert names == [str(t) for t in handle.schedule.stage_tasks[stage]]
+
+
+def test_picture_of_measured_above_simulated(traced, tmp_path):
+    _, handle, measured = traced
+    simulated = simulate(measured.stages, handle.schedule, micro_batch_size=measured.micro_batch_size)
+    path = tmp_path / "measured_vs_simulated.png"
+    info = timeline.draw_measured_vs_simulated(measured, simulated, str(path))
+    assert path.stat().st_size > 0
+    devices = len(measured.device_stage)
+    assert info.rows == [devices, devices]
+    assert info.boxes[KIND_FORWARD] == info.boxes[KIND_BACKWARD] == 2 * M * devices
+    assert info.boxes[KIND_OPTIMIZER] == 2 * devices
+    replicated_devices = sum(s.replication for s in handle.stages if s.replication > 1)
+    assert info.boxes[KIND_ALLREDUCE] == 2 * replicated_devices
