@@ -127,21 +127,17 @@ class WorkerThreads:
         return config
 
 
-def pin_to_cores(cores: Sequence[int], pid: int = 0) -> Optional[str]:
-    """Restricts a process (0: this one) to `cores`; returns why not where the platform cannot."""
-    if not hasattr(os, "sched_setaffinity"):
-        return "this platform has no CPU affinity (os.sched_setaffinity): processes run unpinned"
-    try:
-        os.sched_setaffinity(pid, set(cores))
-    except OSError as e:
-        return f"cannot pin to cores {sorted(cores)}: {e.strerror or e}; running unpinned"
-    return None
+def usable_cores() -> Tuple[int, ...]:
+    """The cores this process may run on (all of them where the platform has no CPU affinity)."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
 
 
 def worker_cores(task: int, cores_per_worker: int, num_cores: Optional[int] = None) -> Tuple[int, ...]:
     """The cores of worker task `task` when each worker gets `cores_per_worker` consecutive cores
     (wrapping around when there are more workers than cores)."""
-    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
+    usable = usable_cores()
     usable = usable[:num_cores] if num_cores else usable
     return tuple(usable[(task * cores_per_worker + k) % len(usable)] for k in range(cores_per_worker))
 

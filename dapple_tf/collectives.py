@@ -16,6 +16,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from dapple_tf.microbatch import slice_sizes
+
 
 class CollectiveKeys:
     """Keys for the collectives of one build_pipeline call.
@@ -116,11 +118,13 @@ def exchange_sum(grads_per_device: Dict[str, List[tf.Tensor]], pack_bytes: int =
         with tf.device(d):
             buffers[d] = [_buffer([grads_per_device[d][i] for i in g]) for g in groups]
     total = sum(b.shape.num_elements() for b in buffers[devices[0]])
-    counts = [n if b.shape.num_elements() * n > total and b.shape[0] >= n else 1 for b in buffers[devices[0]]]
+    counts = [n if b.shape.rank and b.shape.num_elements() * n > total and b.shape[0] >= n else 1
+              for b in buffers[devices[0]]]
     pieces = {}
     for d in devices:
         with tf.device(d):
-            pieces[d] = [p for b, c in zip(buffers[d], counts) for p in (tf.split(b, _even(b.shape[0], c)) if c > 1 else [b])]
+            pieces[d] = [p for b, c in zip(buffers[d], counts)
+                         for p in (tf.split(b, list(slice_sizes(b.shape[0], c))) if c > 1 else [b])]
     sums = []
     for k, o in enumerate(_owners([p.shape.num_elements() for p in pieces[devices[0]]], n)):
         with tf.device(devices[o]):
@@ -145,10 +149,6 @@ def _deterministic_sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     if len(tensors) <= 2:
         return tensors[0] if len(tensors) == 1 else tf.add(tensors[0], tensors[1])  # a + b == b + a exactly
     return tf.reduce_sum(tf.stack(tensors), axis=0)
-
-
-def _even(length: int, count: int) -> List[int]:
-    return [length // count + (1 if i < length % count else 0) for i in range(count)]
 
 
 def all_reduce_sum(

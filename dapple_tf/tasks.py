@@ -71,7 +71,9 @@ class TaskOps:
             inputs_done = tf.group(*[g.op for g in input_grads], name=f"input_grads_{key[0]}_stage{key[0].stage}")
         ops.append(inputs_done)
         for op in weight_only:
-            if not any(t.op in weight_only for t in op.inputs):
+            # ops inside a tf.while_loop frame (v1 control flow) cannot wait for an op outside it; their frame's
+            # entry ops wait instead
+            if not any(t.op in weight_only for t in op.inputs) and op._control_flow_context is None:  # pylint: disable=protected-access
                 op._add_control_inputs([inputs_done])  # pylint: disable=protected-access
         return len(weight_only)
 

@@ -20,8 +20,9 @@ operation on a plan device; device ids index the plan's devices in stage order. 
 - AllReduce of a stage: first start to last end of its collectives (those of no task) and of the
   operations the handle lists as AllReduce (handle.allreduce_op_names) on any of its devices,
   waiting for the slowest replica included;
-- optimizer step: the apply ops on the stage's first device (on a one-device stage they do not wait
-  for the last backward and may overlap it).
+- optimizer step: the apply ops on the stage's first device, from the end of the stage's last task
+  (apply ops of variables whose gradients are complete may run during the last backward: that part
+  is drawn as backward) to the last apply op's end.
 Devices of several hosts share one time scale only as far as the hosts' clocks agree.
 """
 
@@ -109,6 +110,20 @@ def _stage_spans(handle, ops, task_names):
     return out
 
 
+def _after_tasks(stage_spans, task_spans):
+    """Optimizer boxes start no earlier than their stage's last task ends: apply ops of variables whose
+    gradients are complete may run while the last backward still computes others' (drawn inside it)."""
+    last_end = {}
+    for _, stage, _, (_, end), _ in task_spans:
+        last_end[stage] = max(last_end.get(stage, end), end)
+    out = []
+    for kind, stage, mb, (start, end), resource in stage_spans:
+        if kind == KIND_OPTIMIZER and stage in last_end:
+            start = min(max(start, last_end[stage]), end)
+        out.append((kind, stage, mb, (start, end), resource))
+    return out
+
+
 def _cross_device_edges(run_metadata, graph):
     """(tensor_name or None, source op, send device, recv device, consumer op names) per transfer."""
     for partition in run_metadata.partition_graphs:
@@ -186,7 +201,8 @@ def measured_timeline(run_metadata, handle) -> SimulationResult:
                          "RunOptions(trace_level=FULL_TRACE)")
     origin = min(times)
     edges = _cross_device_edges(run_metadata, handle.train_op.graph)
-    spans = (_task_spans(handle, ops) + _stage_spans(handle, ops, set(task_of))
+    tasks = _task_spans(handle, ops)
+    spans = (tasks + _after_tasks(_stage_spans(handle, ops, set(task_of)), tasks)
              + _transfer_spans(ops, remote, edges, stage_of, task_of))
     events = sorted((Event(kind, s, mb, (a - origin) / 1e6, (b - origin) / 1e6, resource)
                      for kind, s, mb, (a, b), resource in spans),

@@ -35,6 +35,12 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
                                           output_partition_graphs=True)
         return tf.compat.v1.train.SessionRunArgs(fetches=None, options=options)
 
+    def end(self, session):
+        del session
+        if self.written is None:
+            self.log(f"no step traced: this run ran {self._steps} step(s), fewer than the step to trace "
+                     f"({self.at_step}); nothing written to {self.path}")
+
     def after_run(self, run_context, run_values):
         if self._steps != self.at_step:
             return

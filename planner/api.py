@@ -313,23 +313,59 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", sim
     return plans
 
 
-def plan_from_profiles(profiles, cluster, global_batch_size: int, planner: str = "dapple", **options) -> plan_pb2.Plan:
-    """plan() with profiles measured at several batch sizes ({batch size: profile}): each micro-batch size is
-    planned with the profile measured nearest to it (compute per sample is not the same at every size: small
-    micro-batches use a device less well), and the plan with the lowest L is returned."""
+def plan_from_profiles(profiles, cluster, global_batch_size: int, **options) -> plan_pb2.Plan:
+    """plan() with profiles measured at several batch sizes ({batch size: ModelProfile}): compute per sample is
+    not the same at every size (small slices use a device less well). For each micro-batch size, every planner
+    (DAPPLE's and the baselines) runs with the profile measured nearest to each slice size that size can give
+    (micro-batch / replicas); each plan found is then costed (formula 2) with the profile nearest to its own
+    largest slice; the lowest cost that fits in memory wins (its `planner` field names the planner that found
+    it). Selection is by formula 2 (L), whatever `select` says."""
     if not profiles:
         raise PlanningError("plan_from_profiles needs at least one profile")
     sizes = micro_batch_sizes(global_batch_size, options.pop("micro_batch_sizes", None))
-    best, errors = None, []
+    devices = cluster.num_servers * cluster.devices_per_server
+    opts = _options(options)
+    best, best_ms, errors = None, float("inf"), []
     for mbs in sizes:
-        nearest = min(profiles, key=lambda b: (abs(b - mbs), b))
-        try:
-            candidate = plan(profiles[nearest], cluster, global_batch_size, planner, micro_batch_sizes=[mbs], **options)
-        except PlanningError as e:
-            errors.append(f"micro-batch {mbs}: {e}")
-            continue
-        if best is None or candidate.estimated_iteration_ms < best.estimated_iteration_ms:
-            best = candidate
+        tried = {nearest_profile_size(profiles, -(-mbs // r)) for r in range(1, min(devices, mbs) + 1)}
+        for size in sorted(tried):
+            # every planner's plan is a candidate: the best under one profile need not be the best re-costed
+            found = plan_all(profiles[size], cluster, global_batch_size, "all", simulate=False,
+                             micro_batch_sizes=[mbs], **options)
+            for name, candidate in found.items():
+                if isinstance(candidate, str):
+                    errors.append(f"micro-batch {mbs}, {name}: {candidate}")
+                    continue
+                recosted, model = _costed_by_its_slice(candidate, profiles, cluster, global_batch_size, opts)
+                if recosted.violation:  # fits under one profile, not under the one of its slices
+                    errors.append(f"micro-batch {mbs}, {name}: {recosted.violation}")
+                elif recosted.latency < best_ms:
+                    best = to_plan(recosted, model, cluster, global_batch_size, candidate.planner)
+                    best_ms = recosted.latency
     if best is None:
         raise PlanningError("no plan at any micro-batch size: " + "; ".join(errors))
     return best
+
+
+def nearest_profile_size(profiles, samples: int) -> int:
+    """The batch size, among the profiles' ({batch size: profile}), nearest to `samples` (the smaller on a tie)."""
+    return min(profiles, key=lambda b: (abs(b - samples), b))
+
+
+def largest_slice_of(plan: plan_pb2.Plan) -> int:
+    """The most samples one device computes at once in the plan (its micro-batch over a stage's replicas)."""
+    return max(-(-plan.micro_batch_size // len(st.device_ids)) for st in plan.stages)
+
+
+def _costed_by_its_slice(candidate: plan_pb2.Plan, profiles, cluster, global_batch_size: int, opts: Options):
+    """(Estimate, ModelProfile): the plan costed, with its own schedule and warm-up policy, by the profile
+    measured nearest to its largest replica slice."""
+    mbs = candidate.micro_batch_size
+    model = profiles[nearest_profile_size(profiles, largest_slice_of(candidate))]
+    stages = [(st.first_layer, st.last_layer + 1, tuple(st.device_ids)) for st in candidate.stages]
+    schedule = "gpipe" if candidate.schedule == plan_pb2.GPIPE else "dapple"
+    policy = {plan_pb2.POLICY_A: "A", plan_pb2.POLICY_B: "B"}.get(candidate.policy)
+    recompute = any(st.recompute for st in candidate.stages)
+    est = evaluate(model, cm.Prefix(model), cluster, stages, global_batch_size, mbs,
+                   Options(**{**opts.__dict__, "recompute": recompute}), schedule=schedule, policy=policy)
+    return est, model

@@ -100,6 +100,9 @@ def stage_costs(
         ar = st.allreduce_ms if st.allreduce_ms else prefix.parameter_bytes(first, end) * per_byte
         overlap = cm.overlaps_allreduce(cluster, overlap_allreduce) and r > 1
         tail = cm.allreduce_tail_ms(model, first, end, slice_samples, per_byte) if overlap else ar
+        backward_input = cm.stage_backward_input_ms(prefix, first, end, mbs, r, overhead_ms)
+        if overlap and backward_input is not None:  # weight gradients come only after the input gradients
+            tail = max(tail, ar - max(bwd - backward_input, 0.0))
         comm = 0.0
         if i + 1 < len(plan.stages):
             comm = cm.transfer_ms(cluster, devs, tuple(plan.stages[i + 1].device_ids), prefix.cut[end], mbs,
@@ -123,7 +126,7 @@ def stage_costs(
             activation_bytes=activation_multiplier * slice_samples * prefix.kept_per_sample(first, end),
             recompute=st.recompute,
             boundary_bytes=cm.cut_bytes(prefix, first, slice_samples),
-            backward_input_ms=cm.stage_backward_input_ms(prefix, first, end, mbs, r, overhead_ms),
+            backward_input_ms=backward_input,
         ))
     return costs
 
@@ -195,7 +198,8 @@ def pivot_internal_bubble_ms(plan: plan_pb2.Plan, result: SimulationResult) -> f
     q = plan.pivot_stage
     if q % 2 == 0:
         stage = q // 2
-        boxes = [e for e in result.events if e.stage == stage and e.kind in ("forward", "recompute", "backward")]
+        busy = ("forward", "recompute", "backward", "weight_gradient")
+        boxes = [e for e in result.events if e.stage == stage and e.kind in busy]
     else:
         cut = q // 2
         boxes = [e for e in result.events

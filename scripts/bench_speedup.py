@@ -8,10 +8,12 @@ It starts N worker processes through dapple_launch's local cluster (each pinned 
 chief. The chief
 1. profiles the model on one pinned core set (dapple_profile in a pinned process, at every
    micro-batch slice size the plans use: compute per sample is not the same at every size),
-2. measures the link between two workers (dapple_tf.link_probe: latency and bandwidth through
-   gRPC) and describes the cluster to the planner with it,
+2. measures the link between two workers and the runtime's AllReduce across all of them
+   (dapple_tf.link_probe: latency and bandwidth through gRPC) and describes the cluster to the
+   planner with them,
 3. measures every plan (scripts/speedup_plans.py): the single worker (baseline), data parallel on N,
-   straight pipelines of 2..N stages for every M in DAPPLE and GPipe order, and the planner's plan;
+   straight pipelines of 2..N stages for every M in DAPPLE and GPipe order, and the plan the planner
+   chooses from the profiles (planner.api.plan_from_profiles: DAPPLE's or a baseline's);
    for each it prints samples/s, speedup over the single worker, the ideal speedup, the simulated
    step time from the profile, measured / simulated, and the peak memory of every worker.
 `--json` writes the rows; `--trace_dir` writes each plan's measured timeline (Chrome trace) and a
@@ -67,8 +69,9 @@ def model_args():
 
 
 def num_workers() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return FLAGS.num_workers or max(2, cores // max(1, FLAGS.cores_per_worker))
+    from dapple_tf.cluster import usable_cores
+
+    return FLAGS.num_workers or max(2, len(usable_cores()) // max(1, FLAGS.cores_per_worker))
 
 
 def main(argv):

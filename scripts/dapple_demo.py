@@ -164,7 +164,9 @@ def speedup_section() -> None:
     import subprocess
     import sys
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from dapple_tf.cluster import usable_cores
+
+    cores = len(usable_cores())
     if cores < 2:
         print(f"\n(speedup over one worker skipped: this machine has {cores} core; it needs 2 pinned workers)")
         return

@@ -70,7 +70,7 @@ def worker_threads(cores: int):
 def serve_or_run(command):
     """--tf_config: a worker starts its server and waits; the chief runs the command."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from dapple_tf.cluster import TFCluster, start_server
+    from dapple_tf.cluster import TFCluster, start_server, usable_cores
     from scripts.launch_local import command_line
 
     cluster = TFCluster.from_tf_config()
@@ -81,7 +81,7 @@ def serve_or_run(command):
         raise ValueError(f"a worker task runs no command, got: {' '.join(command)}")
     threads = worker_threads(pinned_cores())
     server = start_server(cluster, FLAGS.virtual_devices or None, threads)
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "all"
+    cores = list(usable_cores())
     print(f"worker task {cluster.task_index} serving at {cluster.workers[cluster.task_index]} "
           f"(target {server.target}; cores {cores}, threads intra {threads.intra_op} inter {threads.inter_op})",
           flush=True)
@@ -134,9 +134,11 @@ def main(argv):
     launch_local.command_line(command)  # a bad command fails before anything starts
     if FLAGS.isolate_network:
         launch_local.reexec_in_private_network(sys.argv[1:])
+    from dapple_tf.cluster import usable_cores
+
     cores = launch_local.default_cores_per_worker(tasks) if FLAGS.cores_per_worker is None else FLAGS.cores_per_worker
     code = launch_local.run_local(tasks, devices, command, grace_s=FLAGS.grace, cores_per_worker=cores,
-                                  threads=worker_threads(cores))
+                                  threads=worker_threads(min(cores, len(usable_cores()))))
     if code:
         print(RESUME_HINT, file=sys.stderr, flush=True)
     return code

@@ -227,7 +227,8 @@ def main(argv):
         save_checkpoints_steps=FLAGS.save_checkpoints_steps, save_checkpoints_secs=FLAGS.save_checkpoints_secs,
         keep_checkpoints=FLAGS.keep_checkpoints, log_every=FLAGS.log_every, summary_every=FLAGS.summary_every,
         eval_every=FLAGS.eval_every if eval_input_fn else 0, failure_timeout_s=FLAGS.failure_timeout,
-        worker_wait_s=FLAGS.worker_wait_timeout, seed=FLAGS.seed, trace_path=FLAGS.trace, trace_step=FLAGS.trace_step)
+        worker_wait_s=FLAGS.worker_wait_timeout, seed=FLAGS.seed, trace_step=FLAGS.trace_step,
+        trace_path=FLAGS.trace if not horovod or horovod.rank == 0 else None)  # one rank traces
     lead = not horovod or horovod.rank == 0  # under Horovod, rank 0 checkpoints and logs
     trainer = Trainer(model_fn, input_fn, optimizer, plan, FLAGS.model_dir if lead else None, schedule=FLAGS.schedule,
                       eval_input_fn=eval_input_fn, cluster=cluster, options=options, config=config,

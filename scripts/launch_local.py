@@ -82,8 +82,9 @@ def _die_with_parent() -> None:
 
 def default_cores_per_worker(num_tasks: int) -> int:
     """Each worker its own share of this machine's cores; 0 (unpinned) when there are more workers than cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores // num_tasks
+    from dapple_tf.cluster import usable_cores
+
+    return len(usable_cores()) // num_tasks
 
 
 class _Process:
@@ -138,14 +139,14 @@ def describe_exit(code: int) -> str:
 
 def worker_placement(num_tasks: int, cores_per_worker: int, log=print) -> List[Tuple[int, ...]]:
     """The cores each worker task is pinned to (empty: unpinned), with a warning when workers share cores."""
-    from dapple_tf.cluster import worker_cores
+    from dapple_tf.cluster import usable_cores, worker_cores
 
     if cores_per_worker <= 0:
         return [()] * num_tasks
     if not hasattr(os, "sched_setaffinity"):
         log("dapple_launch: this platform has no CPU affinity (os.sched_setaffinity): workers run unpinned")
         return [()] * num_tasks
-    available = len(os.sched_getaffinity(0))
+    available = len(usable_cores())
     if num_tasks * cores_per_worker > available:
         log(f"dapple_launch: warning: {num_tasks} workers x {cores_per_worker} cores > the {available} cores this "
             "process may use: workers share cores, so their step times are not those of separate devices")
@@ -162,7 +163,7 @@ def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], gra
     from dapple_tf.cluster import TFCluster, WorkerThreads, free_ports
 
     placement = worker_placement(num_tasks, cores_per_worker, log)
-    threads = threads or WorkerThreads.for_cores(cores_per_worker)
+    threads = threads or WorkerThreads.for_cores(min(len(set(cores)) for cores in placement))
 
     chief_args = command_line(command)
     cluster = TFCluster(tuple(f"127.0.0.1:{p}" for p in free_ports(num_tasks)))

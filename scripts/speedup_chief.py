@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from typing import Dict, List
 
 from scripts import speedup_plans
@@ -29,9 +30,11 @@ def profile_sizes(global_batch_size: int, micro_batches, num_workers: int, names
 def measure_profiles(flags_, model_args, cores, sizes, folder) -> Dict[int, str]:
     """Profiles the model at each size in a process pinned to `cores` (a worker's cores, idle meanwhile)."""
     config, model_flags, _ = model_args
+    # a kept profile is reused only for the same model, config, flags and cores
+    key = zlib.crc32(f"{flags_.model}|{config}|{model_flags}|{len(cores)}".encode()) & 0xFFFFFFFF
     paths = {}
     for size in sizes:
-        path = os.path.join(folder, f"{flags_.model}-bs{size}.pbtxt")
+        path = os.path.join(folder, f"{flags_.model}-{key:08x}-bs{size}.pbtxt")
         if not os.path.exists(path):
             command = [sys.executable, "-m", "scripts.dapple_profile", f"--model={flags_.model}", f"--config={config}",
                        f"--model_flags={model_flags}", f"--batch_size={size}", f"--threads={len(cores)}",
@@ -47,9 +50,9 @@ def measure_profiles(flags_, model_args, cores, sizes, folder) -> Dict[int, str]
 
 def profile_for(plan: speedup_plans.BenchPlan, profiles: Dict[int, str]) -> str:
     """The profile measured at the size of the plan's largest slice (the nearest one measured)."""
-    mbs = plan.proto.micro_batch_size
-    slice_size = max(-(-mbs // len(st.device_ids)) for st in plan.proto.stages)
-    return profiles[min(profiles, key=lambda size: abs(size - slice_size))]
+    from planner.api import largest_slice_of, nearest_profile_size
+
+    return profiles[nearest_profile_size(profiles, largest_slice_of(plan.proto))]
 
 
 def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, steps, bucket_mb=None):

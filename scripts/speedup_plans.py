@@ -5,8 +5,9 @@ Pure Python (no TensorFlow): each plan is a plan_pb2.Plan made by the planner's 
 plays the same stages, micro-batches and schedule.
 
 Names: `single` (one worker, M=1), `dp<N>` (one stage on N workers), `straight<S>-M<m>` (S stages,
-one worker each, DAPPLE order), `gpipe<S>-M<m>` (the same in GPipe order), `planner` (what the DAPPLE
-planner chooses for the profile and the measured cluster).
+one worker each, DAPPLE order), `gpipe<S>-M<m>` (the same in GPipe order), `planner` (the fastest plan by the
+planner's cost model, DAPPLE's or a baseline's, each micro-batch size costed by the profile measured nearest
+to its slices: planner.api.plan_from_profiles).
 """
 
 import dataclasses
@@ -100,10 +101,9 @@ def bench_plans(profile, cluster: plan_pb2.Cluster, global_batch_size: int, num_
 
 
 def planner_plan(profiles: Dict[int, object], cluster: plan_pb2.Cluster, global_batch_size: int) -> BenchPlan:
-    """The DAPPLE planner's choice on the cluster, each micro-batch size costed by the profile measured
-    nearest to it ({batch size: profile})."""
+    """The planner's choice on the cluster (planner.api.plan_from_profiles; {batch size: profile})."""
     models = {size: model_profile(p) for size, p in profiles.items()}
-    return BenchPlan("planner", api.plan_from_profiles(models, cluster, global_batch_size, "dapple"))
+    return BenchPlan("planner", api.plan_from_profiles(models, cluster, global_batch_size))
 
 
 def costed_by(plan: BenchPlan, profile) -> plan_pb2.Plan:

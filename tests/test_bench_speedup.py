@@ -54,7 +54,7 @@ def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
     assert _ours() == before, subprocess.run(["ps", "-ef"], capture_output=True, text=True).stdout
 
 
-def test_more_workers_than_the_plans_allow_is_an_error():
+def test_one_worker_is_refused():
     result = run_program("bench_speedup", "--num_workers=1", timeout=120)
     assert result.returncode == 1
     assert "--num_workers=1: a speedup needs at least 2 workers" in result.stderr

@@ -257,6 +257,9 @@ def test_launcher_pins_workers_and_their_thread_pools_reach_the_servers():
     result = run_program("dapple_launch", "--cluster=local:2x1", "--isolate_network=false", "--cores_per_worker=1",
                          "--", sys.executable, "-c", WAIT_FOR_WORKERS, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
+    reported = [line.split("cores ")[1].split("]")[0] + "]" for line in result.stdout.splitlines()
+                if "serving at" in line]
+    assert len(reported) == 2 and reported[0] != reported[1], result.stdout  # two different single cores
     for i in range(2):
         cores = list(worker_cores(i, 1))
         assert f"cores {cores}, threads intra 1 inter 2" in result.stdout, result.stdout

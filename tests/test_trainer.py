@@ -120,6 +120,8 @@ def test_dapple_train_traces_one_step_beside_the_simulated_one(tmp_path):
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
     line = next(line for line in result.stdout.splitlines() if line.startswith("training mlp:"))
     stages, m = int(line.split(": ")[1].split(" stages")[0]), int(line.split("M=")[1].split(",")[0])
-    names = collections.Counter(e["name"] for e in events)
-    assert sum(n for name, n in names.items() if name.startswith("F")) >= stages * m
-    assert sum(n for name, n in names.items() if name.startswith("B")) >= stages * m
+    boxes = collections.Counter((e["pid"], e["name"][0]) for e in events if e["name"][0] in "FB")
+    devices = {pid for pid, _ in boxes}
+    assert len(devices) >= stages
+    for pid in devices:  # every device: one forward and one backward box per micro-batch
+        assert boxes[(pid, "F")] == boxes[(pid, "B")] == m, boxes
