@@ -10,6 +10,10 @@ and broadcast of the variable copies, hooks), on this process's devices or on a 
 (`cluster=TFCluster`: the session runs on worker task 0 and every operation is bounded by
 `failure_timeout_s`). MonitoredTrainingSession is not used because it silently re-creates the
 session after UnavailableError, which turns a dead worker into a retry loop instead of an error.
+On a cluster a watchdog thread probes every task while training (watchdog.py): a lost task, the
+session target included (whose death no timeout of the session would end), ends the process
+with the same error, naming the task, within seconds (a dead process) or `failure_timeout_s` (one
+that does not answer).
 
 Each step's loss, samples/s and step time, and every `summary_every` steps the peak allocator use
 per device (from a traced step), go to TensorBoard summaries in model_dir; a progress line is
@@ -17,6 +21,7 @@ printed every `log_every` steps; with `eval_input_fn`, the loss on held-out data
 the single-device graph (model_fn again, re-using the variables) every `eval_every` steps.
 """
 
+import contextlib
 import dataclasses
 import time
 from typing import Callable, Dict, Optional, Sequence
@@ -29,6 +34,7 @@ from dapple_tf.layers import LayerRecorder
 from dapple_tf.pipeline import build_pipeline
 from dapple_tf.step_stats import peak_bytes_per_device
 from dapple_tf.trace_hook import TraceHook
+from dapple_tf.watchdog import TaskWatchdog
 
 # What a lost or stopped task raises in the client's session.
 CLUSTER_FAILURES = (
@@ -49,7 +55,7 @@ class TrainerOptions:
     log_every: int = 10  # progress line every this many steps (0: never)
     summary_every: int = 10  # scalar summaries every this many steps (0: never)
     eval_every: int = 0  # held-out loss every this many steps (0: never; needs eval_input_fn)
-    failure_timeout_s: float = 60.0  # a step (or a lost task) ends within this on a cluster
+    failure_timeout_s: float = 30.0  # a step (or a lost task) ends within this on a cluster
     worker_wait_s: float = 60.0  # how long a cluster's workers are waited for at start
     seed: Optional[int] = None  # graph-level random seed
     trace_path: Optional[str] = None  # write one traced step's timeline here (trace_hook.py), and a PNG beside it
@@ -130,7 +136,7 @@ class Trainer:
                     self.model_dir, save_steps=self.options.save_checkpoints_steps or None,
                     save_secs=self.options.save_checkpoints_secs or None, saver=saver))
             try:
-                with tf.compat.v1.train.SingularMonitoredSession(
+                with self._watchdog(progress), tf.compat.v1.train.SingularMonitoredSession(
                     hooks=hooks, scaffold=scaffold, master=self.cluster.target if self.cluster else "",
                     config=self._session_config(), checkpoint_dir=self.model_dir,
                 ) as sess:
@@ -157,19 +163,27 @@ class Trainer:
             )
         return loss
 
-    def _failure(self, error, progress) -> ClusterError:
-        where = f"training stopped at step {progress.step}"
+    def _watchdog(self, progress):
+        """On a cluster, a TaskWatchdog that ends this process when a task is lost (watchdog.py)."""
         if self.cluster is None:
-            return ClusterError(f"{where}: {type(error).__name__}: {error.message}")
-        down = failed_tasks(self.cluster)
-        if down:
-            what = "; ".join(f"{self.cluster.describe_task(i)} is {why}" for i, why in down.items())
+            return contextlib.nullcontext()
+        return TaskWatchdog(self.cluster, lambda lost: self._lost_text(lost, progress),
+                            patience_s=self.options.failure_timeout_s)
+
+    def _lost_text(self, lost, progress, error=None) -> str:
+        if lost:
+            what = "; ".join(f"{self.cluster.describe_task(i)} is {why}" for i, why in lost.items())
         else:
             what = (f"a step did not finish within {self.options.failure_timeout_s:g} s and every task still "
                     f"answers ({type(error).__name__}: {error.message.splitlines()[0] if error.message else ''})")
         resume = ("restart the cluster and run the same command again: training resumes from the latest "
                   f"checkpoint in {self.model_dir}") if self.model_dir else "no model_dir: nothing to resume from"
-        return ClusterError(f"{where}: {what}. To resume, {resume}")
+        return f"training stopped at step {progress.step}: {what}. To resume, {resume}"
+
+    def _failure(self, error, progress) -> ClusterError:
+        if self.cluster is None:
+            return ClusterError(f"training stopped at step {progress.step}: {type(error).__name__}: {error.message}")
+        return ClusterError(self._lost_text(failed_tasks(self.cluster), progress, error))
 
 
 def _batch_size(features) -> int:

@@ -60,7 +60,8 @@ flags.DEFINE_integer("eval_every", 0, "Held-out loss through the single-device g
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "momentum", "adam"], "Optimizer.")
 flags.DEFINE_float("learning_rate", 0.01, "Learning rate.")
 flags.DEFINE_integer("seed", 0, "Random seed (initial weights, synthetic data).")
-flags.DEFINE_float("failure_timeout", 60, "On a cluster: a step or a lost task ends training within this (s).")
+flags.DEFINE_float("failure_timeout", 30, "On a cluster: a step or a task that does not answer ends training within "
+                   "this (s); a task whose process is gone, within seconds.")
 flags.DEFINE_string("trace", None, "Write the measured timeline of one step (--trace_step) to this Chrome trace "
                     "file, and a PNG beside it (above the simulated timeline when the plan comes with a profile).")
 flags.DEFINE_integer("trace_step", 5, "With --trace: which step of this run to trace.")

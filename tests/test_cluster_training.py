@@ -173,6 +173,26 @@ def test_stopped_master_is_a_bounded_error_naming_the_task(tmp_path):
     assert _running_pids(output) == []
 
 
+def test_killed_session_target_ends_the_chief_by_itself(tmp_path):
+    """Worker task 0 is the session's master and the collective group leader: nothing the dead master would
+    enforce ends the chief's step. The chief's watchdog does, naming the task, long before the launcher's
+    grace (90 s here) would stop it."""
+    plan = _plan_file(tmp_path / "plan.json")
+    launch = _Launch("--cluster=local:3x2", "--grace=90", *_train_args(plan, tmp_path / "m", 100000))
+    worker = launch.wait_for(lambda line: line.startswith("dapple_launch: worker task 0 at"), 120)
+    address, pid = worker.split(" at ")[1].split()[0], int(worker.split("(pid ")[1].split(",")[0])
+    launch.wait_for(lambda line: line.startswith("[chief] step 5/"), 300)
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    error = launch.wait_for(lambda line: line.startswith("[chief] error: "), 120)
+    elapsed = time.monotonic() - killed_at
+    code, output = launch.finish(timeout=60)
+    assert code != 0
+    assert elapsed < 30, output
+    assert f"worker task 0 ({address}) is unreachable" in error and "To resume" in error, error
+    assert _running_pids(output) == []
+
+
 def test_ctrl_c_stops_every_process(tmp_path):
     plan = _plan_file(tmp_path / "plan.json")
     launch = _Launch("--cluster=local:3x2", *_train_args(plan, tmp_path / "m", 100000))
