@@ -1,5 +1,6 @@
 """dapple_demo end to end: profile -> plan -> pipelined training on digits, > 90% test accuracy."""
 
+import os
 import re
 
 import pytest
@@ -15,7 +16,7 @@ def _accuracy(stdout):
     return float(match.group(1))
 
 
-@pytest.mark.parametrize("args,stages", [([], None), (["--num_stages=2"], 2)])
+@pytest.mark.parametrize("args,stages", [([], None), (["--num_stages=2", "--nospeedup"], 2)])
 def test_demo_trains_digits_to_90_percent(args, stages):
     result = _demo(*args)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -28,6 +29,13 @@ def test_demo_trains_digits_to_90_percent(args, stages):
     else:
         assert "dapple plan for mlp-digits on local" in out
     assert _accuracy(out) > 0.90
+    if not stages and len(os.sched_getaffinity(0)) >= 2:  # the measured speedup of 2 pinned workers, and simulated
+        assert "== speedup: 2 pinned worker processes" in out, out[-2000:]
+        row = re.search(r"^straight2-M4 +\d+ +([0-9.]+) +([0-9.]+) +1\.60 +([0-9.]+) +([0-9.]+)", out, re.M)
+        assert row, out[-2000:]
+        assert float(row.group(2)) > 0 and float(row.group(4)) > 0  # speedup and measured/simulated (not timed)
+    elif stages:
+        assert "== speedup" not in out
 
 
 def test_demo_rejects_more_stages_than_devices():
