@@ -6,7 +6,9 @@ time of one hop is latency + bytes / bandwidth; the two sizes give both terms. M
 step leaves out the client's per-step cost (session dispatch), which the pipeline does not pay per
 transfer; graph rewriting is off for the probe (it would fold the chain of identities). On a TF cluster the hops between tasks go through gRPC exactly like activations between
 stages. `measure_allreduce` times the runtime's own gradient AllReduce across devices, which the
-cost model's ring formula then uses (Cluster.allreduce_bandwidth).
+cost model's ring formula then uses (Cluster.allreduce_bandwidth); `measure_concurrent_slowdown` how
+much devices that share a machine slow each other when they all compute (CPU workers share caches
+and memory bandwidth; Cluster.concurrent_compute_slowdown).
 """
 
 import copy
@@ -91,6 +93,25 @@ def measure_allreduce(target: str, config, devices, nbytes: int = 16 * 2**20, re
             base = statistics.median(_timed(sess, nothing) for _ in range(repeats))
     n = len(devices)
     return 2.0 * (n - 1) / n * nbytes / max(elapsed - base, 1e-9)
+
+
+def measure_concurrent_slowdown(target: str, config, devices, make_step, repeats: int = 5) -> float:
+    """How much slower a device computes while every device computes (Cluster.concurrent_compute_slowdown):
+    the median time of one step on every device at once over that of the same step on the first device
+    alone, at least 1. `make_step()` builds one step's operations under the current device scope."""
+    with tf.Graph().as_default():
+        steps = []
+        for i, device in enumerate(devices):
+            with tf.device(device), tf.compat.v1.variable_scope(f"slowdown_probe_{i}"):
+                steps.append(make_step())
+        with tf.compat.v1.Session(target, config=config) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            everywhere = [op for ops in steps for op in ops]
+            sess.run(everywhere)
+            sess.run(steps[0])
+            alone = statistics.median(_timed(sess, steps[0]) for _ in range(repeats))
+            together = statistics.median(_timed(sess, everywhere) for _ in range(repeats))
+    return max(1.0, together / alone)
 
 
 def measure_link(target: str, config, device_a: str, device_b: str, round_trips: int = 8,

@@ -252,6 +252,13 @@ def allreduce_ms_per_byte(cluster, devices: Sequence[int]) -> float:
     return 1e3 * (intra + inter)
 
 
+def compute_scale(cluster, stages) -> float:
+    """Cluster.concurrent_compute_slowdown for plans that compute on several devices at once, else 1."""
+    devices = {d for _, _, devs in stages for d in devs}
+    slowdown = cluster.concurrent_compute_slowdown
+    return slowdown if len(devices) > 1 and slowdown > 1 else 1.0
+
+
 def overlaps_allreduce(cluster, overlap: bool = True) -> bool:
     """Whether gradient AllReduce runs during the last backward on this cluster (not where the devices' own
     cores do the communication: Cluster.communication_uses_compute)."""

@@ -84,10 +84,11 @@ def evaluate(model, prefix: cm.Prefix, cluster, stages, global_batch_size: int, 
     m = global_batch_size // micro_batch_size
     recompute = bool(options.recompute)
     fwd, bwd, ar, tail, comm = [], [], [], [], []
+    scale = cm.compute_scale(cluster, stages)
     for idx, (first, end, devs) in enumerate(stages):
         r = len(devs)
-        fwd.append(cm.stage_forward_ms(prefix, first, end, micro_batch_size, r, options.overhead_ms))
-        bwd.append(cm.stage_backward_ms(prefix, first, end, micro_batch_size, r, options.overhead_ms)
+        fwd.append(scale * cm.stage_forward_ms(prefix, first, end, micro_batch_size, r, options.overhead_ms))
+        bwd.append(scale * cm.stage_backward_ms(prefix, first, end, micro_batch_size, r, options.overhead_ms)
                    + (fwd[-1] - options.overhead_ms if recompute else 0.0))
         per_byte = cm.allreduce_ms_per_byte(cluster, devs) if r > 1 else 0.0
         ar.append(prefix.parameter_bytes(first, end) * per_byte)

@@ -83,6 +83,7 @@ def stage_costs(
     if bounds[-1][1] != model.num_layers or bounds[0][0] != 0:
         raise ValueError(f"the plan's stages cover layers {bounds[0][0]}..{bounds[-1][1] - 1}, "
                          f"not all {model.num_layers} layers of the profile")
+    scale = cm.compute_scale(cluster, [(0, 0, tuple(st.device_ids)) for st in plan.stages])
     for i, st in enumerate(plan.stages):
         first, end = bounds[i]
         devs = tuple(st.device_ids)
@@ -90,8 +91,8 @@ def stage_costs(
             raise ValueError(f"stage {i} has no devices")
         r = len(devs)
         slice_samples = cm.largest_slice(mbs, r)
-        fwd = st.forward_ms or cm.stage_forward_ms(prefix, first, end, mbs, r, overhead_ms)
-        bwd = st.backward_ms or cm.stage_backward_ms(prefix, first, end, mbs, r, overhead_ms)
+        fwd = st.forward_ms or scale * cm.stage_forward_ms(prefix, first, end, mbs, r, overhead_ms)
+        bwd = st.backward_ms or scale * cm.stage_backward_ms(prefix, first, end, mbs, r, overhead_ms)
         if st.recompute and st.backward_ms:
             # The plan's backward includes the recomputed forward (plan_eval); the simulator runs it
             # as its own R box before B.
@@ -101,6 +102,7 @@ def stage_costs(
         overlap = cm.overlaps_allreduce(cluster, overlap_allreduce) and r > 1
         tail = cm.allreduce_tail_ms(model, first, end, slice_samples, per_byte) if overlap else ar
         backward_input = cm.stage_backward_input_ms(prefix, first, end, mbs, r, overhead_ms)
+        backward_input = None if backward_input is None else scale * backward_input
         if overlap and backward_input is not None:  # weight gradients come only after the input gradients
             tail = max(tail, ar - max(bwd - backward_input, 0.0))
         comm = 0.0

@@ -78,10 +78,29 @@ def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, 
             metadata = tf.compat.v1.RunMetadata()
             sess.run(handle.train_op, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
                      run_metadata=metadata)
+    free_workers(target)
     return ms, peak_bytes_per_device(metadata.step_stats), metadata, handle
 
 
-def planner_cluster(num_workers: int, link, allreduce_bandwidth: float) -> object:
+def free_workers(target: str) -> None:
+    """Drops every variable the workers hold (they outlive a session on a cluster), so that the next plan's
+    peak memory is its own."""
+    import tensorflow as tf
+
+    tf.compat.v1.Session.reset(target)
+
+
+def model_step(spec, batch_size):
+    """One forward + backward of the model on `batch_size` synthetic samples (its gradient ops)."""
+    import tensorflow as tf
+
+    features, labels = spec.step_input_fn(batch_size)(tf.constant(0, tf.int64))
+    loss = spec.model_fn(features, labels)
+    grads = tf.gradients(loss, tf.compat.v1.trainable_variables(scope=tf.compat.v1.get_variable_scope().name))
+    return [tf.convert_to_tensor(g).op for g in grads if g is not None]
+
+
+def planner_cluster(num_workers: int, link, allreduce_bandwidth: float, slowdown: float = 1.0) -> object:
     """The workers as the planner sees them: one device per server, the measured link and AllReduce between
     servers, communication done by the workers' own cores."""
     from planner.cluster import local_task_cluster
@@ -89,6 +108,7 @@ def planner_cluster(num_workers: int, link, allreduce_bandwidth: float) -> objec
     cluster = local_task_cluster(num_workers, 1)
     cluster.inter_server_bandwidth = link.bandwidth
     cluster.allreduce_bandwidth = allreduce_bandwidth
+    cluster.concurrent_compute_slowdown = slowdown
     return cluster
 
 
@@ -118,7 +138,7 @@ def run(flags_, model_args) -> int:
 
     import models
     from dapple_tf.cluster import TFCluster, session_config, wait_for_workers, worker_cores
-    from dapple_tf.link_probe import measure_allreduce, measure_link
+    from dapple_tf.link_probe import measure_allreduce, measure_concurrent_slowdown, measure_link
 
     config_name, model_flags, batch = model_args
     n = flags_.num_workers
@@ -134,9 +154,12 @@ def run(flags_, model_args) -> int:
     session = session_config(300)
     link = measure_link(cluster.target, session, devices[0], devices[1])
     allreduce = measure_allreduce(cluster.target, session, devices)
+    slowdown = measure_concurrent_slowdown(cluster.target, session, devices, lambda: model_step(spec, batch // n))
     print(f"link worker 0 <-> 1: latency {link.latency_s * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s; "
-          f"AllReduce on {n} workers: {allreduce / 1e9:.2f} GB/s (ring formula)", flush=True)
-    pcluster = planner_cluster(n, link, allreduce)
+          f"AllReduce on {n} workers: {allreduce / 1e9:.2f} GB/s (ring formula); all workers computing at once: "
+          f"{slowdown:.3f}x slower", flush=True)
+    free_workers(cluster.target)
+    pcluster = planner_cluster(n, link, allreduce, slowdown)
     base_profile = profiles[batch]
     plans = speedup_plans.bench_plans(base_profile, pcluster, batch, n, [int(m) for m in flags_.micro_batches],
                                       gpipe=flags_.gpipe)

@@ -92,3 +92,19 @@ def test_each_plan_is_costed_by_the_profile_measured_nearest_to_its_slices():
     assert chosen.estimated_iteration_ms < dp_by_slices.proto.estimated_iteration_ms
     with pytest.raises(api.PlanningError, match="needs at least one profile"):
         api.plan_from_profiles({}, cluster, 8)
+
+
+def test_devices_that_slow_each_other_cost_more_when_several_compute():
+    cluster = local_task_cluster(2, 1)
+    model = ModelProfile.from_proto(_profile())
+    alone = speedup_plans.make_plan("single", model, cluster, 8, [(0, 4, [0])], 1).proto
+    pipeline = speedup_plans.make_plan("s2", model, cluster, 8, [(0, 2, [0]), (2, 4, [1])], 2).proto
+    cluster.concurrent_compute_slowdown = 1.25
+    alone_slowed = speedup_plans.make_plan("single", model, cluster, 8, [(0, 4, [0])], 1).proto
+    pipeline_slowed = speedup_plans.make_plan("s2", model, cluster, 8, [(0, 2, [0]), (2, 4, [1])], 2).proto
+    assert alone_slowed.stages[0].forward_ms == alone.stages[0].forward_ms  # one device computes: no slowdown
+    for before, after in zip(pipeline.stages, pipeline_slowed.stages):
+        assert after.forward_ms == pytest.approx(1.25 * before.forward_ms)
+        assert after.backward_ms == pytest.approx(1.25 * before.backward_ms)
+    simulated = speedup_plans.simulate(speedup_plans.BenchPlan("s2", pipeline_slowed), model)
+    assert [st.forward_ms for st in simulated.stages] == pytest.approx([st.forward_ms for st in pipeline_slowed.stages])
