@@ -19,6 +19,7 @@ import tensorflow as tf
 from planner.schedule import FORWARD, Task
 
 TaskKey = Tuple[Task, int]  # (task, replica)
+INPUT_GRADIENTS_MARKER = "input_grads_"  # name prefix of the NoOp that ends a backward task's input gradients
 
 
 @dataclasses.dataclass
@@ -68,7 +69,8 @@ class TaskOps:
         if not needed_by_inputs or not weight_only:
             return 0
         with tf.device(device), tf.control_dependencies(None):
-            inputs_done = tf.group(*[g.op for g in input_grads], name=f"input_grads_{key[0]}_stage{key[0].stage}")
+            inputs_done = tf.group(*[g.op for g in input_grads],
+                                   name=f"{INPUT_GRADIENTS_MARKER}{key[0]}_stage{key[0].stage}")
         ops.append(inputs_done)
         for op in weight_only:
             # ops inside a tf.while_loop frame (v1 control flow) cannot wait for an op outside it; their frame's

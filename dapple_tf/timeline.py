@@ -6,7 +6,11 @@ planner's tools show like a simulated iteration: `write_measured_trace` (Chrome 
 `draw_measured_vs_simulated` (one PNG, measured above simulated). Times are ms from the step's first
 operation on a plan device; device ids index the plan's devices in stage order. The boxes:
 - F/B of (stage, micro-batch): first start to last end of the task's operations on the stage's
-  FIRST device (replica 0; replicas run the same order), leaving out bookkeeping operations
+  FIRST device; a backward whose input gradients come first (tasks.input_gradients_first) is a B box
+  up to the end of its input-gradient marker and a W box (weight gradients) after it, where the trace
+  has the marker (it does in one process; in a 2-worker cluster's trace it was missing, and the
+  backward stays one B box). Only the stage's
+  first device counts (replica 0; replicas run the same order), and bookkeeping operations are left out
   (constants, variable reads, no-ops, identities), which run as soon as the previous task ends and
   would stretch the box over the wait for the task's input;
 - transfers: a tensor sent from a device of stage a to one of stage b (the partition graphs' _Recv
@@ -31,10 +35,11 @@ import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from dapple_tf.replicas import canonical_device
+from dapple_tf.tasks import INPUT_GRADIENTS_MARKER
 from planner import gantt as gantt_lib, trace as trace_lib
 from planner.schedule import FORWARD
 from planner.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER, KIND_SEND_ACTIVATION,
-                               KIND_SEND_GRADIENT, Event, SimulationResult, StageCost)
+                               KIND_SEND_GRADIENT, KIND_WEIGHT, Event, SimulationResult, StageCost)
 
 _BOOKKEEPING = frozenset({"Const", "HostConst", "VarHandleOp", "ReadVariableOp", "NoOp", "Identity", "Shape", "ShapeN",
                           "Size", "Rank"})
@@ -85,11 +90,23 @@ def _task_spans(handle, ops):
     for stage in handle.stages:
         device = stage.devices[0]
         for task in handle.schedule.stage_tasks[stage.index]:
-            found = [ops[device][n] for n in handle.task_op_names.get((device, task, 0), ()) if n in ops[device]]
+            names = handle.task_op_names.get((device, task, 0), ())
+            found = [ops[device][n] for n in names if n in ops[device]]
             span = _span([o for o in found if o[0] not in _BOOKKEEPING] or found)
-            if span:
-                kind = KIND_FORWARD if task.kind == FORWARD else KIND_BACKWARD
-                out.append((kind, stage.index, task.micro_batch, span, f"stage{stage.index}"))
+            if not span:
+                continue
+            resource = f"stage{stage.index}"
+            if task.kind == FORWARD:
+                out.append((KIND_FORWARD, stage.index, task.micro_batch, span, resource))
+                continue
+            # the input gradients' marker (tasks.input_gradients_first) ends B; what follows it is W
+            marker = [ops[device][n] for n in names if n.startswith(INPUT_GRADIENTS_MARKER) and n in ops[device]]
+            split = marker[0][2] if marker else None
+            if split is None or not span[0] < split < span[1]:
+                out.append((KIND_BACKWARD, stage.index, task.micro_batch, span, resource))
+                continue
+            out.append((KIND_BACKWARD, stage.index, task.micro_batch, (span[0], split), resource))
+            out.append((KIND_WEIGHT, stage.index, task.micro_batch, (split, span[1]), resource))
     return out
 
 
@@ -180,7 +197,11 @@ def _stage_costs(handle, events: Sequence[Event], device_ids) -> Tuple[StageCost
                  and resource in (None, e.resource)]
         return sum(found) / len(found) if found else 0.0
 
-    return tuple(StageCost(mean(KIND_FORWARD, s), mean(KIND_BACKWARD, s), devices=device_ids[s],
+    def backward_input(s):  # the B part where the backward is split, else None (all of it)
+        return mean(KIND_BACKWARD, s) if mean(KIND_WEIGHT, s) > 0 else None
+
+    return tuple(StageCost(mean(KIND_FORWARD, s), mean(KIND_BACKWARD, s) + mean(KIND_WEIGHT, s), devices=device_ids[s],
+                           backward_input_ms=backward_input(s),
                            forward_transfer_ms=mean(KIND_SEND_ACTIVATION, s, f"link{s}>{s + 1}"),
                            backward_transfer_ms=mean(KIND_SEND_GRADIENT, s + 1, f"link{s + 1}>{s}"),
                            allreduce_ms=mean(KIND_ALLREDUCE, s), optimizer_ms=mean(KIND_OPTIMIZER, s))

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import dapple_tf
 from dapple_tf import timeline
-from planner.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER, KIND_SEND_ACTIVATION,
+from planner.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER, KIND_SEND_ACTIVATION, KIND_WEIGHT,
                                KIND_SEND_GRADIENT, simulate)
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, cpu
@@ -137,3 +137,17 @@ def test_picture_of_measured_above_simulated(traced, tmp_path):
     assert info.boxes[KIND_OPTIMIZER] == 2 * drawn  # the simulation replays the measured optimizer times
     replicated_devices = sum(s.replication for s in handle.stages if s.replication > 1)
     assert info.boxes[KIND_ALLREDUCE] == 2 * replicated_devices
+
+
+def test_a_later_stage_backward_is_drawn_as_input_then_weight_gradients(traced):
+    """Stage 1 computes the input gradients stage 0 waits for first (tasks.input_gradients_first): its
+    backward is a B box up to its marker and a W box after; stage 0, whose input gradients nobody needs, has
+    one B box per micro-batch."""
+    _, _, measured = traced
+    b = {e.micro_batch: e for e in measured.events if e.kind == KIND_BACKWARD and e.stage == 1}
+    w = {e.micro_batch: e for e in measured.events if e.kind == KIND_WEIGHT and e.stage == 1}
+    assert sorted(w) == sorted(b) == list(range(M))
+    for m in range(M):
+        assert w[m].start_ms == b[m].end_ms < w[m].end_ms
+    assert not [e for e in measured.events if e.kind == KIND_WEIGHT and e.stage == 0]
+    assert measured.stages[1].backward_input_ms is not None and measured.stages[0].backward_input_ms is None
