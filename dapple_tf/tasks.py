@@ -46,15 +46,8 @@ class TaskOps:
         for key, ops in self.ops.items():
             if key[0].kind == FORWARD:
                 continue
-            own = set(ops)
-            stack = [op for op in ops if any(c in forward for t in op.outputs for c in t.consumers())]
-            released = set()
-            while stack:
-                op = stack.pop()
-                if op in released:
-                    continue
-                released.add(op)
-                stack.extend(t.op for t in op.inputs if t.op in own)
+            feeding = [op for op in ops if any(c in forward for t in op.outputs for c in t.consumers())]
+            released = _ancestors(feeding, set(ops), control=False)
             if released:
                 self.ops[key] = [op for op in ops if op not in released]
 
@@ -83,8 +76,9 @@ class TaskOps:
         return {key: tuple(op.name for op in ops) for key, ops in self.ops.items()}
 
 
-def _ancestors(ops: Sequence[tf.Operation], within: set) -> set:
-    """`ops` and every operation of `within` they depend on (data and control inputs)."""
+def _ancestors(ops: Sequence[tf.Operation], within: set, control: bool = True) -> set:
+    """`ops` and every operation of `within` they depend on (data inputs, and control inputs unless
+    `control` is False)."""
     found, stack = set(), [op for op in ops if op in within]
     while stack:
         op = stack.pop()
@@ -92,7 +86,8 @@ def _ancestors(ops: Sequence[tf.Operation], within: set) -> set:
             continue
         found.add(op)
         stack.extend(t.op for t in op.inputs if t.op in within)
-        stack.extend(c for c in op.control_inputs if c in within)
+        if control:
+            stack.extend(c for c in op.control_inputs if c in within)
     return found
 
 

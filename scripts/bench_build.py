@@ -13,13 +13,12 @@ plain TF's and the operations each extra micro-batch adds, as a share of the pla
 ops, build_s, init_s, first_step_s, step_s.
 """
 
-import json
 import statistics
 import time
 
 from absl import flags
 
-from scripts.cli import run_main, split_cpu
+from scripts.cli import run_main, split_cpu, write_rows
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "bert", "Reference model.")
@@ -122,10 +121,7 @@ def main(argv):
             extra = f"{per / plain['ops']:.1%}"
         print(f"{row['plan']:22s} {row['ops']:8d} {row['build_s']:8.1f} {row['init_s']:7.1f} "
               f"{row['first_step_s']:10.1f} {row['step_s']:7.3f} {ratio:20.1f} {extra:>16s}", flush=True)
-    if FLAGS.json:
-        with open(FLAGS.json, "w") as f:
-            json.dump(rows, f, indent=1)
-        print(f"wrote {FLAGS.json}")
+    write_rows(FLAGS.json, rows)
     return 0
 
 

@@ -16,7 +16,6 @@ that ran: the work RC adds (one forward per micro-batch), independent of the mac
     python -m scripts.bench_pipeline_memory --json=out.json # also machine-readable
 """
 
-import json
 import os
 import statistics
 import sys
@@ -27,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import flags  # noqa: E402
 
-from scripts.cli import run_main, split_cpu  # noqa: E402
+from scripts.cli import run_main, split_cpu, write_rows  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("hidden", 512, "Width of the hidden layers.")
@@ -189,9 +188,7 @@ def main(argv):
     print(f"\n{'ratio':<42}{'ours':>7}{'paper':>7}")
     for what, value, paper in paper_ratios(rows):
         print(f"{what:<42}{value:>7.2f}{'-' if paper is None else f'{paper:.2f}':>7}")
-    if FLAGS.json:
-        with open(FLAGS.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_rows(FLAGS.json, rows)
     return 0
 
 

@@ -16,7 +16,6 @@ CPU devices, and compare per device:
     python -m scripts.bench_planner_memory [--models=mlp,bert] [--micro_batch_size=8] [--json=out.json]
 """
 
-import json
 import os
 import sys
 
@@ -25,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import flags  # noqa: E402
 
-from scripts.cli import run_main, split_cpu  # noqa: E402
+from scripts.cli import run_main, split_cpu, write_rows  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["mlp", "vgg19", "resnet50", "bert", "gnmt"], "Reference models (tiny configs).")
@@ -117,9 +116,7 @@ def main(argv):
         for est, meas in zip(r["estimated"], r["measured"]):
             cells += [f"{est / 2**20:>9.2f}", f"{meas / 2**20:>10.2f}", f"{est / meas if meas else 0:>6.2f}"]
         print(f"{r['model']:<10} " + " ".join(cells))
-    if FLAGS.json:
-        with open(FLAGS.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_rows(FLAGS.json, rows)
     return 0
 
 

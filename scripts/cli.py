@@ -36,3 +36,14 @@ def split_cpu(num_devices: int):
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+
+
+def write_rows(path, rows, log=print) -> None:
+    """A benchmark's rows (a list of dicts) as JSON at `path` (nothing when `path` is empty)."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    if not path:
+        return
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+    log(f"wrote {path}")

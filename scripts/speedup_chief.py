@@ -3,7 +3,6 @@
 Runs under dapple_launch (TF_CONFIG names the pinned workers). See bench_speedup's docstring.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import zlib
 from typing import Dict, List
 
 from scripts import speedup_plans
+from scripts.cli import write_rows
 
 WARMUP_STEPS = 3
 
@@ -184,10 +184,7 @@ def run(flags_, model_args) -> int:
         print(row_text(row), flush=True)
         if flags_.trace_dir:
             write_timelines(flags_.trace_dir, plan, metadata, handle, simulated)
-    if flags_.json:
-        with open(flags_.json, "w") as f:
-            json.dump(rows, f, indent=1)
-        print(f"wrote {flags_.json}", flush=True)
+    write_rows(flags_.json, rows)
     del tf
     return 0
 
