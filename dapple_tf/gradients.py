@@ -51,6 +51,20 @@ class GradientAccumulator:
         self.last_gradient[key] = dense
         self.sums[key] = dense if key not in self.sums else self.sums[key] + dense
 
+    def running_sum(self, variable: tf.Variable, device: str):
+        """The dense sum so far of `variable`'s gradients on `device` (None before the first, or while sparse)."""
+        key = (variable, device)
+        return self.sums.get(key) if key in self._dense else None
+
+    def set_sum(self, variable: tf.Variable, device: str, total: tf.Tensor) -> None:
+        """Records `total` (the running sum plus one backward task's dense gradient, added by the caller)."""
+        key = (variable, device)
+        self._dense.add(key)
+        self.row_counts.pop(key, None)
+        total.set_shape(variable.shape)
+        self.last_gradient[key] = total
+        self.sums[key] = total
+
     def devices_of(self) -> Dict[tf.Variable, Tuple[str, ...]]:
         result: Dict[tf.Variable, Tuple[str, ...]] = {}
         for variable, device in self.sums:

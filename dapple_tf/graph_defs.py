@@ -23,6 +23,11 @@ class StageGraphDef:
     seeded: bool  # some random op has a fixed (non-zero) seed
 
 
+def tensor_name(graph_def_input: str) -> str:
+    """The tensor a NodeDef input names ("op" -> "op:0"; "op:1" as it is)."""
+    return graph_def_input if ":" in graph_def_input else graph_def_input + ":0"
+
+
 def _seeded(node) -> bool:
     return "seed2" in node.attr and (node.attr["seed"].i != 0 or node.attr["seed2"].i != 0)
 

@@ -49,6 +49,9 @@ class PipelineHandle:
     outputs: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # model_fn's extra outputs
     update_ops: List[tf.Operation] = dataclasses.field(default_factory=list)  # UPDATE_OPS, run by train_op
     allreduce_op_names: Tuple[str, ...] = ()  # the operations that all-reduce gradients (timeline.py draws them)
+    # backward tasks split into B and W (tasks.input_gradients_first): (device, task, replica) -> B's op names
+    input_gradient_op_names: Dict[Tuple[str, Task, int], Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    function_fallbacks: Dict[int, str] = dataclasses.field(default_factory=dict)  # stage -> why not a function call
 
 
 def _as_plan(plan) -> Plan:
@@ -89,7 +92,8 @@ class _LayerPlacer:
 
 
 def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, layers=None,
-                   recompute=None, cross_process_reduce=None, batch_norm="per_slice", allreduce_bucket_bytes=None):
+                   recompute=None, cross_process_reduce=None, batch_norm="per_slice", allreduce_bucket_bytes=None,
+                   stage_functions=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
@@ -106,6 +110,11 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
     batch_norm: "per_slice" (each replica's slice of a micro-batch normalized with its own statistics) or
     "sync" (a replicated stage's fused batch norms use the whole micro-batch's statistics: sync_batch_norm.py).
+    stage_functions: True builds each stage once, as functions called per micro-batch and replica (stage_function.py;
+    a stage it does not cover is imported per clone: PipelineHandle.function_fallbacks): the graph and the first
+    step no longer grow with the model's ops times M, at some step time and activation memory. False imports
+    every stage per micro-batch and replica. None (default): functions when the clones would hold more than
+    stage_function.AUTO_CLONED_OPS operations.
     Returns a PipelineHandle.
     """
     require_graph_mode("build_pipeline")
@@ -170,8 +179,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
                                      plan.num_micro_batches, sync)
     again = recompute_lib.stages_to_recompute(recompute, plan.recompute, len(stages))
     builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable, again,
-                           sync_keys=keys if sync else None)
-    builder.build_forward()
+                           sync_keys=keys if sync else None, stage_functions=stage_functions)
+    builder.build_forward(sched)
     builder.build_backward(sched)
     builder.chain(sched)
     extra_outputs = builder.extra_outputs()
@@ -209,9 +218,11 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         local_init_op=local_init,
         broadcast_op=broadcast,
         task_op_names=builder.task_op_names(),
+        input_gradient_op_names=builder.task_op_names(input_gradients=True),
         outputs=extra_outputs,
         update_ops=update_ops,
         allreduce_op_names=allreduce_op_names,
+        function_fallbacks=dict(builder.function_fallbacks),
     )
 
 

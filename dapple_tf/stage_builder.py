@@ -13,6 +13,10 @@ that its batch norms all-reduce their statistics across the replicas; each clone
 keys of its micro-batch (shared by the replicas, distinct per micro-batch and per recomputation).
 A stage with re-computation differentiates, in its backward task, a second clone fed by what
 the forward clone was fed (recompute.py) instead of the forward clone.
+With stage functions, a stage is built once as forward, input-gradient and weight-gradient functions,
+and each task calls them (stage_function.py); a stage the function path does not cover is imported per
+clone, and `function_fallbacks` says why. By default (stage_functions=None) the functions are used when
+the clones would be large (`stage_function.use_functions`).
 """
 
 import dataclasses
@@ -22,7 +26,7 @@ from typing import Dict, List, Sequence, Tuple
 import tensorflow as tf
 
 from dapple_tf import (collectives, graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib,
-                       recompute as recompute_lib, sync_batch_norm, tasks)
+                       recompute as recompute_lib, stage_function, sync_batch_norm, tasks)
 from dapple_tf.errors import DappleError
 from dapple_tf.gradients import GradientAccumulator
 from dapple_tf.replicas import VariableCopies
@@ -39,10 +43,19 @@ class _Clone:
     loss: tf.Tensor = None
     extras: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # model_fn's extra outputs
     salt: int = 0  # its random ops' seed salt (graph_defs.private_copy)
+    env: Dict[str, tf.Tensor] = None  # a function stage's call: what its F call produced (stage_function.py)
 
 
 def _differentiable(t: tf.Tensor) -> bool:
     return t.dtype.base_dtype.is_floating or t.dtype.base_dtype.is_complex
+
+
+def _wanted(stage, extras: bool = True) -> List[str]:
+    """Names of the template tensors a clone of `stage` returns: its outputs, its loss, its extra outputs."""
+    wanted = [t.name for t in stage.outputs] + ([stage.loss.name] if stage.loss is not None else [])
+    if extras:
+        wanted += [t.name for t in stage.extra_outputs if t.name not in wanted]
+    return wanted
 
 
 def _check_batch_major(name: str, stage: int, producers: List[tf.Tensor], sizes) -> None:
@@ -69,8 +82,11 @@ class StageBuilder:
         trainable: set,
         recompute: Sequence[bool] = (),
         sync_keys: collectives.CollectiveKeys = None,
+        stage_functions: bool = None,
     ):
-        """sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys."""
+        """sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys.
+        stage_functions: build stages as functions (stage_function.py) where they can be: True, False, or None
+        (when the clones would be large)."""
         self.graph = graph
         self.template = template
         self.micro_batch_size = micro_batch_size
@@ -91,6 +107,9 @@ class StageBuilder:
         self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
         self._keys_per_clone_group = [0] * len(template.stages)  # instance keys of a stage's synced batch norms
         self._gradient_split: Dict[Tuple[int, int, int], tuple] = {}  # backward task -> (input, weight grads, device)
+        self._stage_functions = stage_functions
+        self._functions: Dict[int, stage_function.StageFunctions] = {}
+        self.function_fallbacks: Dict[int, str] = {}  # stage -> why it is imported per clone
 
     # -- forward ---------------------------------------------------------------------------
     def _micro_batch_inputs(self) -> List[Dict[str, tf.Tensor]]:
@@ -104,7 +123,7 @@ class StageBuilder:
             per_micro.append(slices)
         return per_micro
 
-    def build_forward(self) -> None:
+    def build_forward(self, schedule: Schedule) -> None:
         # Variable copies first, so that no task captures their creation.
         for stage in self.template.stages:
             for ext in stage.externals:
@@ -121,6 +140,9 @@ class StageBuilder:
         if self._sync_keys is not None:
             self._synchronize_batch_norms(graph_defs)
         self._graph_defs = graph_defs
+        if stage_function.use_functions(self._stage_functions, self.template.stages, self.num_micro_batches):
+            self._define_functions(graph_defs)
+        imported = self._imported_micro_batches(schedule)
         micro_inputs = self._micro_batch_inputs()
         n = self.template.global_batch_size
         for m in range(self.num_micro_batches):
@@ -131,18 +153,26 @@ class StageBuilder:
                     start = microbatch.offsets(sizes)[j]
                     with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
                         feed = {}
-                        for ext in stage.externals:
-                            feed[ext.tensor.name] = self._feed(ext, m, j, start, sizes[j], micro_inputs[m], device)
-                        wanted = [t.name for t in stage.outputs] + ([stage.loss.name] if stage.loss is not None else [])
-                        wanted += [t.name for t in stage.extra_outputs if t.name not in wanted]
+                        with tf.name_scope(f"dapple/feed/stage{s}/mb{m}/r{j}"):
+                            for ext in stage.externals:
+                                feed[ext.tensor.name] = self._feed(ext, m, j, start, sizes[j], micro_inputs[m], device)
+                        wanted = _wanted(stage)
                         clone_id = len(self.clones) + 1
-                        graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}", clone_id)
-                        input_map = dict(feed, **self._sync_feed(sync_base))
-                        results = tf.compat.v1.import_graph_def(
-                            graph_def, input_map=input_map, return_elements=wanted, name=f"dapple/stage{s}/mb{m}/r{j}"
-                        )
-                    by_name = dict(zip(wanted, results))
-                    clone = _Clone(inputs=feed, outputs={t.name: by_name[t.name] for t in stage.outputs}, salt=clone_id)
+                        env = None
+                        if s in self._functions and (s, m) not in imported:
+                            with tf.name_scope(f"dapple/stage{s}/mb{m}/r{j}"):
+                                env = self._functions[s].forward(feed)
+                            by_name = self._functions[s].outputs(env)
+                        else:
+                            graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}", clone_id)
+                            input_map = dict(feed, **self._sync_feed(sync_base))
+                            results = tf.compat.v1.import_graph_def(
+                                graph_def, input_map=input_map, return_elements=wanted,
+                                name=f"dapple/stage{s}/mb{m}/r{j}"
+                            )
+                            by_name = dict(zip(wanted, results))
+                    clone = _Clone(inputs=feed, outputs={t.name: by_name[t.name] for t in stage.outputs}, salt=clone_id,
+                                   env=env)
                     clone.extras = {t.name: by_name[t.name] for t in stage.extra_outputs}
                     if stage.loss is not None:
                         clone.loss = by_name[stage.loss.name]
@@ -150,6 +180,34 @@ class StageBuilder:
                             weight = tf.constant(sizes[j] / n, dtype=clone.loss.dtype)
                             self.weighted_losses.append(clone.loss * weight)
                     self.clones[(s, m, j)] = clone
+
+    def _imported_micro_batches(self, schedule: Schedule) -> set:
+        """(stage, micro-batch) imported per clone even where the stage is a function: a replicated stage's last
+        backward, whose gradients are all-reduced bucket by bucket as soon as each is ready (gradients.py); a
+        function call returns all its outputs at once, at its end."""
+        imported = set()
+        for s, stage in enumerate(self.template.stages):
+            backward = [t.micro_batch for t in schedule.stage_tasks[s] if t.kind == BACKWARD]
+            if s in self._functions and len(stage.stage.devices) > 1 and backward:
+                imported.add((s, backward[-1]))
+        return imported
+
+    def _define_functions(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
+        for s, stage in enumerate(self.template.stages):
+            reason = stage_function.unsupported_reason(graph_defs[s], self.recompute[s],
+                                                       self._keys_per_clone_group[s] > 0)
+            if reason is not None:
+                self.function_fallbacks[s] = reason
+                continue
+            signature = stage_function.StageSignature(
+                inputs=[ext.tensor for ext in stage.externals],
+                outputs=_wanted(stage),
+                differentiable_outputs=[t.name for t in stage.outputs if _differentiable(t)],
+                loss=stage.loss.name if stage.loss is not None else None,
+                differentiable_inputs=[e.tensor.name for e in self._differentiable_boundary(stage)],
+                weights=[e.tensor.name for e in self._trainable_externals(stage)],
+            )
+            self._functions[s] = stage_function.StageFunctions(graph_defs[s].graph_def, signature, f"dapple_stage{s}")
 
     def _synchronize_batch_norms(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
         for s, stage in enumerate(self.template.stages):
@@ -219,7 +277,7 @@ class StageBuilder:
     def _recomputed(self, s: int, m: int, j: int) -> _Clone:
         """The forward clone (s, m, j) imported again from its inputs, in the current task."""
         stage, forward = self.template.stages[s], self.clones[(s, m, j)]
-        wanted = [t.name for t in stage.outputs] + ([stage.loss.name] if stage.loss is not None else [])
+        wanted = _wanted(stage, extras=False)
         graph_def = graph_defs_lib.private_copy(self._graph_defs[s], f"_dapple_s{s}_m{m}_r{j}_rc", forward.salt)
         if (s, m) not in self._recompute_sync_bases:  # one group of keys for the replicas of (s, m)
             self._recompute_sync_bases[(s, m)] = self._sync_base(s)
@@ -230,11 +288,62 @@ class StageBuilder:
         loss = outputs.pop(stage.loss.name) if stage.loss is not None else None
         return _Clone(inputs=feed, outputs=outputs, loss=loss, salt=forward.salt)
 
+    def _differentiable_boundary(self, stage) -> list:
+        return [e for e in stage.externals if e.kind == BOUNDARY and _differentiable(e.tensor)]
+
+    def _trainable_externals(self, stage) -> list:
+        return [e for e in stage.externals
+                if e.kind == VARIABLE and self.template.variable_of_handle[e.tensor.name] in self.trainable]
+
     def _backward_task(self, s: int, m: int, j: int, device: str) -> None:
         stage, clone = self.template.stages[s], self.clones[(s, m, j)]
         output_grads = {name: self._gather_output_grad(s, m, j, name) for name in clone.outputs}
         if not any(g is not None for g in output_grads.values()) and clone.loss is None:
             return
+        boundary = self._differentiable_boundary(stage)
+        trainable = self._trainable_externals(stage)
+        loss_weight = self._sizes[s][j] / self.template.global_batch_size
+        summed = False
+        if clone.env is not None:
+            input_grads, weight_grads, summed = self._function_gradients(s, clone, output_grads, loss_weight,
+                                                                         trainable, device)
+        else:
+            input_grads, weight_grads = self._clone_gradients(s, m, j, clone, output_grads, loss_weight,
+                                                              boundary, trainable)
+        if input_grads is None:
+            return
+        sent, accumulated = [], []
+        for ext in boundary:
+            grad = input_grads.get(ext.tensor.name)
+            if grad is None:
+                grad = tf.zeros_like(clone.inputs[ext.tensor.name])
+            sent.append(tf.convert_to_tensor(grad))
+            self._send_input_grad(ext, s, m, j, sent[-1])
+        for ext in trainable:
+            grad = weight_grads.get(ext.tensor.name)
+            if grad is not None:
+                variable = self.template.variable_of_handle[ext.tensor.name]
+                if summed and not isinstance(grad, tf.IndexedSlices):
+                    self.accumulator.set_sum(variable, device, grad)
+                else:
+                    self.accumulator.add(variable, device, grad)
+                accumulated.extend([grad.values, grad.indices] if isinstance(grad, tf.IndexedSlices) else [grad])
+        self._gradient_split[(s, m, j)] = (sent, accumulated, device)
+
+    def _function_gradients(self, s: int, clone: _Clone, output_grads, loss_weight, trainable, device):
+        """A function stage's B and W calls (stage_function.py), W adding to the device's running sums once they
+        exist; an output no later stage sent a gradient for gets zeros."""
+        functions = self._functions[s]
+        grads = {name: output_grads[name] if output_grads[name] is not None else tf.zeros_like(clone.outputs[name])
+                 for name in functions.signature.differentiable_outputs}
+        weight = tf.constant(loss_weight, dtype=clone.loss.dtype) if clone.loss is not None else None
+        sums = {e.tensor.name: self.accumulator.running_sum(self.template.variable_of_handle[e.tensor.name], device)
+                for e in trainable}
+        return functions.backward(clone.env, grads, weight, {n: t for n, t in sums.items() if t is not None})
+
+    def _clone_gradients(self, s, m, j, clone, output_grads, loss_weight, boundary, trainable):
+        """`tf.gradients` of an imported clone (or of its recomputed twin): ({input name: gradient},
+        {handle name: gradient}), or (None, None) when there is nothing to differentiate."""
         if self.recompute[s]:
             clone = self._recomputed(s, m, j)
         ys, grad_ys = [], []
@@ -244,35 +353,20 @@ class StageBuilder:
                 grad_ys.append(output_grads[name])
         if clone.loss is not None:
             ys.append(clone.loss)
-            grad_ys.append(tf.constant(self._sizes[s][j] / self.template.global_batch_size, dtype=clone.loss.dtype))
-        if not ys:
-            return
-        boundary = [e for e in stage.externals if e.kind == BOUNDARY and _differentiable(e.tensor)]
-        variables = [
-            (self.template.variable_of_handle[e.tensor.name], clone.inputs[e.tensor.name])
-            for e in stage.externals
-            if e.kind == VARIABLE and self.template.variable_of_handle[e.tensor.name] in self.trainable
-        ]
-        xs = [clone.inputs[e.tensor.name] for e in boundary] + [h for _, h in variables]
-        if not xs:
-            return
+            grad_ys.append(tf.constant(loss_weight, dtype=clone.loss.dtype))
+        xs = [clone.inputs[e.tensor.name] for e in boundary] + [clone.inputs[e.tensor.name] for e in trainable]
+        if not ys or not xs:
+            return None, None
         # A stage whose input gradients an earlier stage waits for computes them first (tasks.input_gradients_first).
         # The first stage gates its gradients instead (as Optimizer.minimize's default GATE_OP): an op's gradients
         # all complete before any is used, so each layer's weight gradient is ready before the backward moves to
         # earlier layers, and a gradient bucket can be all-reduced while they run (gradients.py).
         grads = tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys, colocate_gradients_with_ops=True,
                                        gate_gradients=not boundary)
-        input_grads, weight_grads = [], []
-        for ext, grad in zip(boundary, grads[: len(boundary)]):
-            if grad is None:
-                grad = tf.zeros_like(clone.inputs[ext.tensor.name])
-            input_grads.append(tf.convert_to_tensor(grad))
-            self._send_input_grad(ext, s, m, j, input_grads[-1])
-        for (variable, _), grad in zip(variables, grads[len(boundary) :]):
-            if grad is not None:
-                self.accumulator.add(variable, device, grad)
-                weight_grads.extend([grad.values, grad.indices] if isinstance(grad, tf.IndexedSlices) else [grad])
-        self._gradient_split[(s, m, j)] = (input_grads, weight_grads, device)
+        names = [e.tensor.name for e in boundary] + [e.tensor.name for e in trainable]
+        by_name = dict(zip(names, grads))
+        return ({e.tensor.name: by_name[e.tensor.name] for e in boundary},
+                {e.tensor.name: by_name[e.tensor.name] for e in trainable})
 
     def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> None:
         """Cuts the gradient of consumer replica j's input into pieces for the producer replicas."""
@@ -311,9 +405,9 @@ class StageBuilder:
             for j, device in enumerate(stage.stage.devices):
                 tasks.chain(self.task_ops, schedule.stage_tasks[s], j, device)
 
-    def task_op_names(self) -> Dict[Tuple[str, Task, int], Tuple[str, ...]]:
+    def task_op_names(self, input_gradients: bool = False) -> Dict[Tuple[str, Task, int], Tuple[str, ...]]:
+        """(device, task, replica) -> names of the task's operations (or, with input_gradients, of those its
+        input gradients need: backward tasks split into B and W only)."""
         devices = {(st.stage.index, j): d for st in self.template.stages for j, d in enumerate(st.stage.devices)}
-        return {
-            (devices[(task.stage, replica)], task, replica): names
-            for (task, replica), names in self.task_ops.names().items()
-        }
+        names = self.task_ops.names(self.task_ops.input_gradient_ops if input_gradients else None)
+        return {(devices[(task.stage, replica)], task, replica): n for (task, replica), n in names.items()}

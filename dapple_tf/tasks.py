@@ -16,10 +16,10 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from dapple_tf.graph_walk import ancestors_within
 from planner.schedule import FORWARD, Task
 
 TaskKey = Tuple[Task, int]  # (task, replica)
-INPUT_GRADIENTS_MARKER = "input_grads_"  # name prefix of the NoOp that ends a backward task's input gradients
 
 
 @dataclasses.dataclass
@@ -28,6 +28,8 @@ class TaskOps:
 
     graph: tf.Graph
     ops: Dict[TaskKey, List[tf.Operation]] = dataclasses.field(default_factory=dict)
+    # backward tasks split by input_gradients_first: the operations their input gradients need (B; the rest is W)
+    input_gradient_ops: Dict[TaskKey, List[tf.Operation]] = dataclasses.field(default_factory=dict)
 
     @contextlib.contextmanager
     def capture(self, task: Task, replica: int):
@@ -47,48 +49,33 @@ class TaskOps:
             if key[0].kind == FORWARD:
                 continue
             feeding = [op for op in ops if any(c in forward for t in op.outputs for c in t.consumers())]
-            released = _ancestors(feeding, set(ops), control=False)
+            released = ancestors_within(feeding, set(ops), control=False)
             if released:
                 self.ops[key] = [op for op in ops if op not in released]
 
     def input_gradients_first(self, key: TaskKey, input_grads: Sequence[tf.Tensor],
-                              weight_grads: Sequence[tf.Tensor], device: str) -> int:
+                              weight_grads: Sequence[tf.Tensor], device: str) -> None:
         """Makes the weight-gradient operations of task `key` (those only weight gradients need) wait
-        for its input gradients; returns how many operations now wait."""
+        for its input gradients, and records the operations the input gradients need (`input_gradient_ops`)."""
         ops = self.ops.get(key, [])
         own = set(ops)
-        needed_by_inputs = _ancestors([g.op for g in input_grads], own)
-        weight_only = _ancestors([g.op for g in weight_grads], own) - needed_by_inputs
+        needed_by_inputs = ancestors_within([g.op for g in input_grads], own)
+        weight_only = ancestors_within([g.op for g in weight_grads], own) - needed_by_inputs
         if not needed_by_inputs or not weight_only:
-            return 0
+            return
+        self.input_gradient_ops[key] = [op for op in ops if op in needed_by_inputs]
         with tf.device(device), tf.control_dependencies(None):
-            inputs_done = tf.group(*[g.op for g in input_grads],
-                                   name=f"{INPUT_GRADIENTS_MARKER}{key[0]}_stage{key[0].stage}")
+            inputs_done = tf.group(*[g.op for g in input_grads], name=f"input_grads_{key[0]}_stage{key[0].stage}")
         ops.append(inputs_done)
         for op in weight_only:
             # ops inside a tf.while_loop frame (v1 control flow) cannot wait for an op outside it; their frame's
             # entry ops wait instead
             if not any(t.op in weight_only for t in op.inputs) and op._control_flow_context is None:  # pylint: disable=protected-access
                 op._add_control_inputs([inputs_done])  # pylint: disable=protected-access
-        return len(weight_only)
 
-    def names(self) -> Dict[TaskKey, Tuple[str, ...]]:
-        return {key: tuple(op.name for op in ops) for key, ops in self.ops.items()}
-
-
-def _ancestors(ops: Sequence[tf.Operation], within: set, control: bool = True) -> set:
-    """`ops` and every operation of `within` they depend on (data inputs, and control inputs unless
-    `control` is False)."""
-    found, stack = set(), [op for op in ops if op in within]
-    while stack:
-        op = stack.pop()
-        if op in found:
-            continue
-        found.add(op)
-        stack.extend(t.op for t in op.inputs if t.op in within)
-        if control:
-            stack.extend(c for c in op.control_inputs if c in within)
-    return found
+    def names(self, ops_of: Dict[TaskKey, List[tf.Operation]] = None) -> Dict[TaskKey, Tuple[str, ...]]:
+        """Names of each task's operations (or of `ops_of`'s)."""
+        return {key: tuple(op.name for op in ops) for key, ops in (ops_of or self.ops).items()}
 
 
 def _entry_ops(ops: Sequence[tf.Operation]) -> List[tf.Operation]:

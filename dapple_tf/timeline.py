@@ -7,9 +7,8 @@ planner's tools show like a simulated iteration: `write_measured_trace` (Chrome 
 operation on a plan device; device ids index the plan's devices in stage order. The boxes:
 - F/B of (stage, micro-batch): first start to last end of the task's operations on the stage's
   FIRST device; a backward whose input gradients come first (tasks.input_gradients_first) is a B box
-  up to the end of its input-gradient marker and a W box (weight gradients) after it, where the trace
-  has the marker (it does in one process; in a 2-worker cluster's trace it was missing, and the
-  backward stays one B box). Only the stage's
+  up to the end of the operations its input gradients need (handle.input_gradient_op_names) and a W
+  box (weight gradients) after it. Only the stage's
   first device counts (replica 0; replicas run the same order), and bookkeeping operations are left out
   (constants, variable reads, no-ops, identities), which run as soon as the previous task ends and
   would stretch the box over the wait for the task's input;
@@ -35,7 +34,6 @@ import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from dapple_tf.replicas import canonical_device
-from dapple_tf.tasks import INPUT_GRADIENTS_MARKER
 from planner import gantt as gantt_lib, trace as trace_lib
 from planner.schedule import FORWARD
 from planner.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER, KIND_SEND_ACTIVATION,
@@ -99,9 +97,10 @@ def _task_spans(handle, ops):
             if task.kind == FORWARD:
                 out.append((KIND_FORWARD, stage.index, task.micro_batch, span, resource))
                 continue
-            # the input gradients' marker (tasks.input_gradients_first) ends B; what follows it is W
-            marker = [ops[device][n] for n in names if n.startswith(INPUT_GRADIENTS_MARKER) and n in ops[device]]
-            split = marker[0][2] if marker else None
+            # the input gradients' operations (tasks.input_gradients_first) are B; what follows them is W
+            b_names = getattr(handle, "input_gradient_op_names", {}).get((device, task, 0), ())
+            b_span = _span([ops[device][n] for n in b_names if n in ops[device]])
+            split = b_span[1] if b_span else None
             if split is None or not span[0] < split < span[1]:
                 out.append((KIND_BACKWARD, stage.index, task.micro_batch, span, resource))
                 continue

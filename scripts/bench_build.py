@@ -9,8 +9,9 @@ operations in the graph, the build time (model_fn or build_pipeline), the initia
 (TF's graph optimization included) and the steady step (median of --steps after the first), and
 prints them side by side with the time to the first step (build + initializer + first step) over
 plain TF's and the operations each extra micro-batch adds, as a share of the plain graph's.
-`--json` writes rows with the keys M (null for plain TF), plan ("single" for plain TF, "straight4-M16", ...),
-ops, build_s, init_s, first_step_s, step_s.
+`--rewrites=functions,clones` measures both of build_pipeline's rewrites (stage_functions True, the default, and
+False). `--json` writes rows with the keys M (null for plain TF), plan ("single" for plain TF, "straight4-M16",
+"straight4-M16-clones", ...), rewrite, ops, build_s, init_s, first_step_s, step_s.
 """
 
 import statistics
@@ -30,6 +31,8 @@ flags.DEFINE_list("micro_batches", ["1", "4", "16", "64"], "M values to measure.
 flags.DEFINE_enum("optimizer", "adam", ["sgd", "adam"], "Optimizer.")
 flags.DEFINE_integer("steps", 5, "Steady steps timed after the first (median kept).")
 flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
+flags.DEFINE_list("rewrites", ["functions"], "Rewrites to measure: functions (each stage defined once, the default of "
+                  "build_pipeline) and/or clones (each stage imported per micro-batch, stage_functions=False).")
 
 
 def _optimizer(tf):
@@ -52,7 +55,7 @@ def _run(tf, graph, init, train_op, config):
     return init_s, first_s, statistics.median(steady)
 
 
-def measure(tf, spec, micro_batches, config):
+def measure(tf, spec, micro_batches, config, rewrite="functions"):
     """One row: plain TF when micro_batches is None, else the straight pipeline at that M."""
     import dapple_tf
 
@@ -69,14 +72,19 @@ def measure(tf, spec, micro_batches, config):
             stages = [(names[i], names[min(i + per, len(names)) - 1], [f"/device:CPU:{s}"])
                       for s, i in enumerate(range(0, len(names), per))]
             plan = dapple_tf.Plan.from_stages(stages, micro_batches)
-            handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, _optimizer(tf), plan)
+            handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, _optimizer(tf), plan,
+                                              stage_functions=rewrite == "functions")
+            for stage, reason in sorted(handle.function_fallbacks.items()):
+                print(f"  stage {stage} is imported per micro-batch: {reason}")
             return handle.train_op, handle.initializer
 
         (train_op, init), build_s = _timed(build)
         ops = len(graph.get_operations())
     init_s, first_s, step_s = _run(tf, graph, init, train_op, config)
     plan = "single" if micro_batches is None else f"straight{FLAGS.num_stages}-M{micro_batches}"
-    return {"M": micro_batches, "plan": plan, "ops": ops, "build_s": build_s, "init_s": init_s,
+    if micro_batches is not None and rewrite != "functions":
+        plan += f"-{rewrite}"
+    return {"M": micro_batches, "plan": plan, "rewrite": rewrite if micro_batches is not None else None, "ops": ops, "build_s": build_s, "init_s": init_s,
             "first_step_s": first_s, "step_s": step_s}
 
 
@@ -90,6 +98,17 @@ def _layer_names(tf, spec):
         with recorder.activate():
             spec.model_fn(features, labels)
     return list(recorder.names)
+
+
+def _print_row(row, plain, base):
+    """One table row; base: the row of the first M measured with the same rewrite (for ops per extra M)."""
+    total = row["build_s"] + row["init_s"] + row["first_step_s"]
+    ratio = total / (plain["build_s"] + plain["init_s"] + plain["first_step_s"])
+    extra = ""
+    if base is not None and row["M"] != base["M"]:
+        extra = f"{(row['ops'] - base['ops']) / (row['M'] - base['M']) / plain['ops']:.1%}"
+    print(f"{row['plan']:22s} {row['ops']:8d} {row['build_s']:8.1f} {row['init_s']:7.1f} "
+          f"{row['first_step_s']:10.1f} {row['step_s']:7.3f} {ratio:20.1f} {extra:>16s}", flush=True)
 
 
 def main(argv):
@@ -106,21 +125,18 @@ def main(argv):
           f"{FLAGS.num_stages} virtual CPU devices")
     print(f"{'plan (single: plain TF)':22s} {'ops':>8s} {'build s':>8s} {'init s':>7s} {'1st step s':>10s} {'step s':>7s} "
           f"{'to 1st step / plain':>20s} {'ops per extra M':>16s}")
-    rows = [measure(tf, spec, None, config)]
-    plain = rows[0]
-    for m in [int(m) for m in FLAGS.micro_batches]:
-        rows.append(measure(tf, spec, m, config))
-    first = {r["M"]: r for r in rows if r["M"] is not None}
-    base = min(first) if first else None
-    for row in rows:
-        total = row["build_s"] + row["init_s"] + row["first_step_s"]
-        ratio = total / (plain["build_s"] + plain["init_s"] + plain["first_step_s"])
-        extra = ""
-        if row["M"] is not None and row["M"] != base:
-            per = (row["ops"] - first[base]["ops"]) / (row["M"] - base)
-            extra = f"{per / plain['ops']:.1%}"
-        print(f"{row['plan']:22s} {row['ops']:8d} {row['build_s']:8.1f} {row['init_s']:7.1f} "
-              f"{row['first_step_s']:10.1f} {row['step_s']:7.3f} {ratio:20.1f} {extra:>16s}", flush=True)
+    unknown = set(FLAGS.rewrites) - {"functions", "clones"}
+    if unknown:
+        raise ValueError(f"--rewrites takes functions and/or clones, got {sorted(unknown)}")
+    plain = measure(tf, spec, None, config)
+    rows = [plain]
+    _print_row(plain, plain, None)
+    for rewrite in FLAGS.rewrites:
+        base = None
+        for m in [int(m) for m in FLAGS.micro_batches]:
+            rows.append(measure(tf, spec, m, config, rewrite))
+            _print_row(rows[-1], plain, base)
+            base = base or rows[-1]
     write_rows(FLAGS.json, rows)
     return 0
 

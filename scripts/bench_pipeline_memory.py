@@ -17,6 +17,7 @@ that ran: the work RC adds (one forward per micro-batch), independent of the mac
 """
 
 import os
+import re
 import statistics
 import sys
 import time
@@ -29,6 +30,7 @@ from absl import flags  # noqa: E402
 from scripts.cli import run_main, split_cpu, write_rows  # noqa: E402
 
 FLAGS = flags.FLAGS
+_MATMUL_LABEL = re.compile(r" = (_Mkl)?MatMul\(")  # step stats' timeline_label "[memory] name = Type(inputs)"
 flags.DEFINE_integer("hidden", 512, "Width of the hidden layers.")
 flags.DEFINE_integer("micro_batch_size", 256, "Samples per micro-batch (fixed while M varies).")
 flags.DEFINE_list("micro_batches", ["2", "4", "8", "16"], "Values of M to measure.")
@@ -109,9 +111,10 @@ def measure(schedule, num_micro_batches, recompute, hidden, micro_batch_size, la
             metadata = tf.compat.v1.RunMetadata()
             options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
             sess.run(step, options=options, run_metadata=metadata)
-            op_type = {op.name: op.type for op in tf.compat.v1.get_default_graph().get_operations()}
+            # by the kernel each node ran (its timeline label): stage functions' bodies are not in the graph
             matmuls = sum(
-                op_type.get(node.node_name) == "MatMul" for dev in metadata.step_stats.dev_stats for node in dev.node_stats
+                bool(_MATMUL_LABEL.search(node.timeline_label))
+                for dev in metadata.step_stats.dev_stats for node in dev.node_stats
             )
     return {
         "schedule": schedule, "recompute": recompute, "M": num_micro_batches, "peak_bytes": statistics.median(peaks),

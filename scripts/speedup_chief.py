@@ -55,7 +55,8 @@ def profile_for(plan: speedup_plans.BenchPlan, profiles: Dict[int, str]) -> str:
     return profiles[nearest_profile_size(profiles, largest_slice_of(plan.proto))]
 
 
-def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, steps, bucket_mb=None):
+def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, steps, bucket_mb=None,
+                 stage_functions="auto"):
     """(median step ms, peak bytes per device, RunMetadata of a traced step, handle) of one plan."""
     import tensorflow as tf
 
@@ -71,7 +72,8 @@ def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, 
                      else tf.compat.v1.train.GradientDescentOptimizer(0.01))
         bucket = None if bucket_mb is None else bucket_mb * 2**20
         handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, runtime_plan,
-                                          allreduce_bucket_bytes=bucket)
+                                          allreduce_bucket_bytes=bucket,
+                                          stage_functions={"auto": None, "true": True, "false": False}[stage_functions])
         with tf.compat.v1.Session(target, config=config) as sess:
             sess.run(handle.initializer)
             ms = median_run_ms(sess, handle.train_op, warmup=WARMUP_STEPS, runs=steps)
@@ -171,7 +173,7 @@ def run(flags_, model_args) -> int:
     rows, single_ms = [], None
     for plan in plans:
         ms, peaks, metadata, handle = measure_plan(spec, plan, cluster.target, session, batch, flags_.optimizer,
-                                                   flags_.steps, flags_.allreduce_bucket_mb)
+                                                   flags_.steps, flags_.allreduce_bucket_mb, flags_.stage_functions)
         single_ms = single_ms or (ms if plan.name == "single" else None)
         profile = profile_for(plan, profiles)
         simulated = speedup_plans.simulate(plan, profile)

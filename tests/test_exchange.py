@@ -47,27 +47,40 @@ def test_only_cpu_devices_of_several_tasks_use_the_exchange():
     assert not collectives.uses_exchange([task.format(0, "GPU"), task.format(1, "GPU")])  # NCCL
 
 
-def test_weight_gradients_wait_for_the_input_gradients_of_a_later_stage():
+@pytest.mark.parametrize("stage_functions", [False, True], ids=["clones", "functions"])
+def test_weight_gradients_wait_for_the_input_gradients_of_a_later_stage(stage_functions):
     """Stage 1's backward computes the input gradients stage 0 waits for before its weight gradients: every
-    weight-gradient matmul of stage 1 depends (through control edges) on its input-gradient marker, while
-    stage 0 (nobody waits for its input gradients) has no marker."""
+    weight-gradient matmul of stage 1 (with stage functions: its W call) depends (through control edges) on its
+    input-gradient marker, while stage 0 (nobody waits for its input gradients) has no marker; the operations
+    recorded as the input gradients' (handle.input_gradient_op_names) do not wait for it."""
     x, y = toy_models.batch(8)
     plan = dapple_tf.Plan.from_stages([(0, 2, [cpu(0)]), (3, 4, [cpu(1)])], num_micro_batches=2)
     with tf.Graph().as_default() as graph:
         handle = dapple_tf.build_pipeline(toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x),
-                                          tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan)
+                                          tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                          stage_functions=stage_functions)
+        assert handle.function_fallbacks == {}
         for stage, has_marker in ((0, False), (1, True)):
             for m in range(2):
-                names = next(n for (_, task, replica), n in handle.task_op_names.items()
-                             if task == Task(stage, BACKWARD, m) and replica == 0)
+                key = next(k for k in handle.task_op_names if k[1] == Task(stage, BACKWARD, m) and k[2] == 0)
+                names = handle.task_op_names[key]
                 markers = [n for n in names if n.startswith("input_grads_")]
                 assert bool(markers) == has_marker, (stage, m, markers)
-                if has_marker:
-                    marker = graph.get_operation_by_name(markers[0])
-                    weight_matmuls = [graph.get_operation_by_name(n) for n in names if n.endswith("MatMul_1")]
-                    assert weight_matmuls
-                    for op in weight_matmuls:
-                        assert _depends_on(op, marker), op.name
+                assert bool(handle.input_gradient_op_names.get(key)) == has_marker
+                if not has_marker:
+                    continue
+                marker = graph.get_operation_by_name(markers[0])
+                ops = [graph.get_operation_by_name(n) for n in names]
+                if stage_functions:
+                    weight_ops = [op for op in ops if op.type.endswith("PartitionedCall")
+                                  and op.name not in handle.input_gradient_op_names[key]]
+                else:
+                    weight_ops = [op for op in ops if op.name.endswith("MatMul_1")]
+                assert weight_ops and (len(weight_ops) == 1 or not stage_functions), [op.name for op in weight_ops]
+                for op in weight_ops:
+                    assert _depends_on(op, marker), op.name
+                for name in handle.input_gradient_op_names[key]:
+                    assert not _depends_on(graph.get_operation_by_name(name), marker), name
 
 
 def _depends_on(op, target, seen=None):

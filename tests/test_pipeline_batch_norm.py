@@ -53,13 +53,15 @@ def per_slice_gradients(model_fn, x, y):
     return {v.op.name: np.mean([r[i] for r in runs], axis=0) for i, v in enumerate(variables)}
 
 
-def pipelined(model_fn, x, y):
+def pipelined(model_fn, x, y, stage_functions=None):
     with tf.Graph().as_default():
         plan = dapple_tf.Plan.from_stages(STAGES, num_micro_batches=2)
         with pytest.warns(BatchNormWarning, match=r"batch normalization in training mode \(.+\) normalizes each"):
             handle = dapple_tf.build_pipeline(
-                model_fn, tf.constant(x), tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan
+                model_fn, tf.constant(x), tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                stage_functions=stage_functions,
             )
+        assert not stage_functions or handle.function_fallbacks == {}
         moving = {v.op.name: v for v in tf.compat.v1.global_variables() if not v.trainable}
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(handle.initializer)
@@ -77,9 +79,10 @@ def expected_moving(before, x, y, statistic):
     return before - (before - stats) * (1 - DECAY)
 
 
-def test_moving_averages_follow_the_micro_batch_statistics_once_per_step():
+@pytest.mark.parametrize("stage_functions", [False, True], ids=["clones", "functions"])
+def test_moving_averages_follow_the_micro_batch_statistics_once_per_step(stage_functions):
     x, y = toy_models.batch(N)
-    handle, grads, before, after, twice = pipelined(moments_bn_model_fn, x, y)
+    handle, grads, before, after, twice = pipelined(moments_bn_model_fn, x, y, stage_functions)
     assert len(handle.update_ops) == 2
     np.testing.assert_allclose(after["moving_mean"], expected_moving(before["moving_mean"], x, y, lambda s: s.mean(0)),
                                rtol=1e-5, atol=1e-6)

@@ -1,4 +1,5 @@
-"""Pipelined training equals single-device full-batch training (gradients, and weights after 3 steps)."""
+"""Pipelined training equals single-device full-batch training (gradients, and weights after 3 steps), with
+stages imported per micro-batch (clones) and built once as functions (stage_function.py)."""
 
 import numpy as np
 import pytest
@@ -33,14 +34,27 @@ def values():
     return toy_models.initial_values()
 
 
+@pytest.fixture(params=[False, True], ids=["clones", "functions"])
+def stage_functions(request):
+    return request.param
+
+
+def check_rewrite(handle, stage_functions, fallbacks=()):
+    """With stage functions, every stage but `fallbacks` ran as functions."""
+    if stage_functions:
+        assert sorted(handle.function_fallbacks) == sorted(fallbacks), handle.function_fallbacks
+
+
 @pytest.mark.parametrize("schedule", ["dapple", "gpipe"])
 @pytest.mark.parametrize("name,stages,m,n", PLANS, ids=[p[0] for p in PLANS])
-def test_matches_single_device(values, name, stages, m, n, schedule):
+def test_matches_single_device(values, name, stages, m, n, schedule, stage_functions):
     x, y = toy_models.batch(n)
     model_fn = toy_models.skip_model_fn(values)
     want_grads, want_weights, want_losses = train_single(model_fn, x, y, adam, STEPS)
     plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=m)
-    grads, weights, losses, handle, copies = train_pipelined(model_fn, x, y, adam, plan, schedule, STEPS)
+    grads, weights, losses, handle, copies = train_pipelined(model_fn, x, y, adam, plan, schedule, STEPS,
+                                                             stage_functions=stage_functions)
+    check_rewrite(handle, stage_functions)
     assert_close_dicts(want_grads, grads)
     assert_close_dicts(want_weights, weights)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
@@ -55,13 +69,15 @@ def test_matches_single_device(values, name, stages, m, n, schedule):
     assert handle.micro_batch_size == n // m
 
 
-def test_uneven_slices_are_weighted_by_size(values):
+def test_uneven_slices_are_weighted_by_size(values, stage_functions):
     """3 replicas of a 4-sample micro-batch get 2, 1, 1 samples; the mean is still exact."""
     x, y = toy_models.batch(8)
     model_fn = toy_models.skip_model_fn(values)
     want_grads, _, want_losses = train_single(model_fn, x, y, adam, 1)
     plan = dapple_tf.Plan.from_stages([(0, 4, [cpu(0), cpu(1), cpu(2)])], num_micro_batches=2)
-    grads, _, losses, _, _ = train_pipelined(model_fn, x, y, adam, plan, "dapple", 1)
+    grads, _, losses, handle, _ = train_pipelined(model_fn, x, y, adam, plan, "dapple", 1,
+                                                  stage_functions=stage_functions)
+    check_rewrite(handle, stage_functions)
     assert_close_dicts(want_grads, grads)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-6)
 
@@ -74,14 +90,16 @@ def test_uneven_slices_are_weighted_by_size(values):
     ],
     ids=["2:1", "1:3"],
 )
-def test_tied_and_unplaced_variables(values, stages):
+def test_tied_and_unplaced_variables(values, stages, stage_functions):
     """A variable read by two stages is reduced across all its holders; an unplaced one is updated too."""
     x, y = toy_models.batch(12)
     model_fn = toy_models.tied_model_fn(values)
     want_grads, want_weights, _ = train_single(model_fn, x, y, adam, STEPS)
     assert set(want_grads) == {"scale", "w0", "w1"}
     plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=2)
-    grads, weights, _, _, copies = train_pipelined(model_fn, x, y, adam, plan, "dapple", STEPS)
+    grads, weights, _, handle, copies = train_pipelined(model_fn, x, y, adam, plan, "dapple", STEPS,
+                                                        stage_functions=stage_functions)
+    check_rewrite(handle, stage_functions)
     assert_close_dicts(want_grads, grads)
     assert_close_dicts(want_weights, weights)
     assert {"w0/dapple_copy", "scale/dapple_copy"} <= {k.rstrip("_0123456789") for k in copies}
@@ -89,12 +107,15 @@ def test_tied_and_unplaced_variables(values, stages):
 
 @pytest.mark.parametrize("schedule", ["dapple", "gpipe"])
 def test_control_flow_in_stages(schedule):
-    """tf.while_loop and tf.cond inside layers: every clone gets private copies of their functions."""
+    """tf.while_loop and tf.cond inside layers: every clone gets private copies of their functions (stage functions
+    leave such stages to clones and say why)."""
     x, y = toy_models.sequence_batch(12)
     sgd = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)  # noqa: E731
     want_grads, want_weights, _ = train_single(toy_models.control_flow_model_fn, x, y, sgd, 2)
     plan = dapple_tf.Plan.from_stages([(0, 0, [cpu(0), cpu(1)]), (1, 2, [cpu(2)])], num_micro_batches=2)
-    grads, weights, _, _, _ = train_pipelined(toy_models.control_flow_model_fn, x, y, sgd, plan, schedule, 2)
+    grads, weights, _, handle, _ = train_pipelined(toy_models.control_flow_model_fn, x, y, sgd, plan, schedule, 2,
+                                                   stage_functions=True)
+    assert "control flow" in " ".join(handle.function_fallbacks.values()), handle.function_fallbacks
     assert_close_dicts(want_grads, grads)
     assert_close_dicts(want_weights, weights)
 
@@ -104,10 +125,12 @@ def test_control_flow_in_stages(schedule):
     [[(0, 0, [cpu(0), cpu(1)]), (1, 2, [cpu(2)])], [(0, 1, [cpu(0)]), (2, 2, [cpu(1), cpu(2), cpu(3)])]],
     ids=["2:1", "1:3"],
 )
-def test_dict_features_embeddings_and_integer_boundaries(stages):
+def test_dict_features_embeddings_and_integer_boundaries(stages, stage_functions):
     x, y = toy_models.embedding_batch(12)
     want_grads, want_weights, _ = train_single(toy_models.embedding_model_fn, x, y, adam, STEPS)
     plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=2)
-    grads, weights, _, _, _ = train_pipelined(toy_models.embedding_model_fn, x, y, adam, plan, "dapple", STEPS)
+    grads, weights, _, handle, _ = train_pipelined(toy_models.embedding_model_fn, x, y, adam, plan, "dapple", STEPS,
+                                                   stage_functions=stage_functions)
+    check_rewrite(handle, stage_functions)
     assert_close_dicts(want_grads, grads)
     assert_close_dicts(want_weights, weights)

@@ -46,14 +46,17 @@ def single_values(x, y):
     ],
     ids=["2:1", "1:2 uneven"],
 )
-def test_extra_outputs_equal_single_device(stages, n):
+@pytest.mark.parametrize("stage_functions", [False, True], ids=["clones", "functions"])
+def test_extra_outputs_equal_single_device(stages, n, stage_functions):
     x, y = toy_models.batch(n)
     want_loss, want = single_values(x, y)
     with tf.Graph().as_default():
         plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=2)
         handle = dapple_tf.build_pipeline(
-            metrics_model_fn, tf.constant(x), tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan
+            metrics_model_fn, tf.constant(x), tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+            stage_functions=stage_functions,
         )
+        assert not stage_functions or handle.function_fallbacks == {}
         assert sorted(handle.outputs) == sorted(want)
         assert handle.outputs["logits"].shape.as_list() == [n, toy_models.CLASSES]
         summary = tf.compat.v1.summary.scalar("accuracy", handle.outputs["accuracy"])

@@ -1,0 +1,91 @@
+"""Stages built once as functions (dapple_tf/stage_function.py, issue 23): the graph grows by call sites per
+micro-batch, not by the model's ops; build_pipeline's default switches to them for large clones; stages the path
+does not cover are imported per clone, with the reason."""
+
+import types
+
+import pytest
+import tensorflow as tf
+
+import dapple_tf
+from dapple_tf import stage_function
+from tests import toy_models
+from tests.pipeline_harness import cpu
+
+STAGES = [(0, 1, [cpu(0)]), (2, 4, [cpu(1)])]
+
+
+def build(m, stage_functions, model_fn=None, stages=STAGES, **kwargs):
+    """(ops in the graph, stage functions in its library, handle) of the toy model's pipeline at M=m."""
+    x, y = toy_models.batch(16)
+    with tf.Graph().as_default() as graph:
+        handle = dapple_tf.build_pipeline(
+            model_fn or toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x), tf.constant(y),
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), dapple_tf.Plan.from_stages(stages, m),
+            stage_functions=stage_functions, **kwargs,
+        )
+        library = [f.signature.name for f in graph.as_graph_def().library.function if "dapple_stage" in f.signature.name]
+        return len(graph.get_operations()), library, handle
+
+
+def test_functions_add_call_sites_per_micro_batch_not_the_models_ops():
+    clones = {m: build(m, False)[0] for m in (2, 8)}
+    functions = {m: build(m, True) for m in (2, 8)}
+    per_m_clones = (clones[8] - clones[2]) / 6
+    per_m_functions = (functions[8][0] - functions[2][0]) / 6
+    assert per_m_functions < 0.5 * per_m_clones, (per_m_functions, per_m_clones)
+    # F, B, W and W adding to the running sums for the last stage; no B for the first (nobody needs its input
+    # gradients): whatever M is
+    for m in (2, 8):
+        names = functions[m][1]
+        assert sorted(n.split("dapple_")[1].rsplit("_", 1)[0] for n in names) == [
+            "stage0_F", "stage0_W", "stage0_Wsum", "stage1_B", "stage1_F", "stage1_W", "stage1_Wsum"], names
+        assert functions[m][2].function_fallbacks == {}
+
+
+def test_default_uses_functions_when_the_clones_would_be_large():
+    stage = types.SimpleNamespace(ops=[None] * 1000, stage=types.SimpleNamespace(devices=["a", "b"]))
+    assert stage_function.AUTO_CLONED_OPS == 100_000
+    assert not stage_function.use_functions(None, [stage], 50)  # 1000 ops x 2 replicas x 50 = 100,000
+    assert stage_function.use_functions(None, [stage], 51)
+    assert stage_function.use_functions(True, [stage], 1) and not stage_function.use_functions(False, [stage], 99)
+    _, library, _ = build(2, None)  # the toy model's clones are small: imported per micro-batch
+    assert library == []
+
+
+def test_a_replicated_stage_imports_its_last_backward_for_the_allreduce_overlap():
+    stages = [(0, 1, [cpu(0), cpu(1)]), (2, 4, [cpu(2)])]
+    _, _, handle = build(4, True, stages=stages)
+    graph_ops = {}
+    for (device, task, replica), names in handle.task_op_names.items():
+        graph_ops[(task.stage, task.kind, task.micro_batch, replica)] = names
+    last = max(t.micro_batch for t in handle.schedule.stage_tasks[0] if t.kind == "B")
+    for m in range(4):
+        forward = graph_ops[(0, "F", m, 0)]
+        calls = [n for n in forward if n.endswith("PartitionedCall")]
+        assert bool(calls) == (m != last), (m, calls)
+
+
+def seeded_dropout_model_fn(features, labels):
+    with dapple_tf.layer("dense0"):
+        h = tf.nn.dropout(tf.tanh(tf.matmul(features, tf.compat.v1.get_variable(
+            "w0", initializer=tf.constant(toy_models.initial_values()["w0"])))), rate=0.5, seed=7)
+    with dapple_tf.layer("head"):
+        w = tf.compat.v1.get_variable("w1", initializer=tf.constant(
+            toy_models.initial_values()["w1"][:, : toy_models.CLASSES]))
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.matmul(h, w)))
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("recompute", {0: "re-computation"}),
+    ("seeded", {0: "seeded random ops"}),
+])
+def test_stages_the_functions_do_not_cover_are_imported_and_say_why(case, expected):
+    if case == "recompute":
+        _, _, handle = build(2, True, recompute=[0])
+    else:
+        _, _, handle = build(2, True, model_fn=seeded_dropout_model_fn,
+                             stages=[("dense0", "dense0", [cpu(0)]), ("head", "head", [cpu(1)])])
+    assert sorted(handle.function_fallbacks) == sorted(expected)
+    for s, words in expected.items():
+        assert words in handle.function_fallbacks[s], handle.function_fallbacks
