@@ -207,7 +207,11 @@ class StageBuilder:
                 differentiable_inputs=[e.tensor.name for e in self._differentiable_boundary(stage)],
                 weights=[e.tensor.name for e in self._trainable_externals(stage)],
             )
-            self._functions[s] = stage_function.StageFunctions(graph_defs[s].graph_def, signature, f"dapple_stage{s}")
+            try:
+                self._functions[s] = stage_function.StageFunctions(graph_defs[s].graph_def, signature,
+                                                                   f"dapple_stage{s}")
+            except (ValueError, TypeError) as e:  # a stage shape the cut does not handle: clones, with the reason
+                self.function_fallbacks[s] = f"it could not be built as functions: {e}"
 
     def _synchronize_batch_norms(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
         for s, stage in enumerate(self.template.stages):

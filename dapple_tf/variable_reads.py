@@ -23,14 +23,17 @@ def without_variable_reads(graph_def: tf.compat.v1.GraphDef, inputs: Sequence[tf
     [names of the tensors to map to the value])}."""
     handles = {t.name: t for t in inputs if t.dtype == tf.resource}
     consumers: Dict[str, List] = {}
+    data_read = set()  # nodes whose output some node of the stage reads
     for node in graph_def.node:
         for i in node.input:
             if not i.startswith("^") and tensor_name(i) in handles:
                 consumers.setdefault(tensor_name(i), []).append(node)
+            if not i.startswith("^"):
+                data_read.add(i.split(":")[0])
     reads, gathers = {}, {}
     for handle, nodes in consumers.items():
-        if not all(n.op in ("ReadVariableOp", "ResourceGather") for n in nodes):
-            continue
+        if not all(n.op == "ResourceGather" or (n.op == "ReadVariableOp" and n.name in data_read) for n in nodes):
+            continue  # written, or read for another stage (a tied weight's value leaving as a stage output): a handle
         dtypes = {n.attr["dtype"].type for n in nodes}
         if len(dtypes) == 1:
             value = f"dapple_value/{handle.split(':')[0]}:0"  # a name no node has: import_graph_def maps it
@@ -50,10 +53,10 @@ def without_variable_reads(graph_def: tf.compat.v1.GraphDef, inputs: Sequence[tf
         copy = out.node.add()
         if node.name in gathers:
             _as_gather_v2(node, gathers[node.name], copy, out.node.add())
-            continue
-        copy.CopyFrom(node)
-        if any(i.startswith("^") and i[1:] in dropped for i in node.input):  # control edges on a read: gone
-            kept = [i for i in node.input if not (i.startswith("^") and i[1:] in dropped)]
+        else:
+            copy.CopyFrom(node)
+        if any(i.startswith("^") and i[1:] in dropped for i in copy.input):  # control edges on a read: gone
+            kept = [i for i in copy.input if not (i.startswith("^") and i[1:] in dropped)]
             del copy.input[:]
             copy.input.extend(kept)
     return out, reads

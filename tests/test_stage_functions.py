@@ -4,13 +4,14 @@ does not cover are imported per clone, with the reason."""
 
 import types
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import dapple_tf
 from dapple_tf import stage_function
 from tests import toy_models
-from tests.pipeline_harness import cpu
+from tests.pipeline_harness import assert_close_dicts, cpu, train_pipelined, train_single
 
 STAGES = [(0, 1, [cpu(0)]), (2, 4, [cpu(1)])]
 
@@ -89,3 +90,31 @@ def test_stages_the_functions_do_not_cover_are_imported_and_say_why(case, expect
     assert sorted(handle.function_fallbacks) == sorted(expected)
     for s, words in expected.items():
         assert words in handle.function_fallbacks[s], handle.function_fallbacks
+
+
+def tied_embedding_model_fn(features, labels):
+    """The embedding table looked up in the first stage and, read there, used as the output projection of the
+    last: a variable read whose value leaves the stage (it stays a handle in the stage's functions)."""
+    rng = np.random.RandomState(3)
+    with dapple_tf.layer("embed"):
+        table = tf.compat.v1.get_variable("table", initializer=tf.constant(
+            rng.randn(toy_models.VOCAB, toy_models.EMBED).astype(np.float32)))
+        with tf.control_dependencies([tf.convert_to_tensor(table)]):  # a control edge on a read of the table
+            vectors = tf.nn.embedding_lookup(table, features["ids"])
+        projection = tf.convert_to_tensor(table)  # read here, used only by the head
+    with dapple_tf.layer("head"):
+        pooled = tf.reduce_mean(vectors, axis=1) + features["dense"]
+        logits = tf.matmul(pooled, projection, transpose_b=True)[:, :2]
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def test_a_variable_read_for_a_later_stage_trains_like_single_device():
+    x, y = toy_models.embedding_batch(8)
+    sgd = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)  # noqa: E731
+    want_grads, want_weights, _ = train_single(tied_embedding_model_fn, x, y, sgd, 2)
+    plan = dapple_tf.Plan.from_stages([("embed", "embed", [cpu(0)]), ("head", "head", [cpu(1)])], 2)
+    grads, weights, _, handle, _ = train_pipelined(tied_embedding_model_fn, x, y, sgd, plan, "dapple", 2,
+                                                   stage_functions=True)
+    assert handle.function_fallbacks == {}
+    assert_close_dicts(want_grads, grads)
+    assert_close_dicts(want_weights, weights)
