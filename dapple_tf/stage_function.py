@@ -84,6 +84,7 @@ class _Part:
     function: object  # tf.function over `inputs`, returning `outputs`
     inputs: List[str]  # scratch tensor names read from outside the part
     outputs: List[str]  # scratch tensor names returned
+    traced: Dict[tuple, object] = dataclasses.field(default_factory=dict)  # argument signature -> concrete function
 
 
 def _not_constant(t: tf.Tensor) -> tf.Tensor:
@@ -234,9 +235,18 @@ class StageFunctions:
 
     @staticmethod
     def _call(part: _Part, env: Dict[str, tf.Tensor]) -> None:
-        """Calls `part` with its inputs from `env` (scratch name -> tensor) and adds its outputs to `env`."""
-        results = part.function(*[env[n] for n in part.inputs])
-        env.update(zip(part.outputs, tf.nest.flatten(results)))
+        """Calls `part` with its inputs from `env` (scratch name -> tensor) and adds its outputs to `env`. The call
+        op is made directly from the function traced for these argument shapes: tf.function's own dispatch costs
+        ~19 ms of build per call (BERT-24 stages)."""
+        args = [env[n] for n in part.inputs]
+        signature = tuple((t.dtype, tuple(t.shape.as_list()) if t.shape.rank is not None else None) for t in args)
+        if signature not in part.traced:
+            part.traced[signature] = part.function.get_concrete_function(*args)
+        concrete = part.traced[signature]
+        call = (tf.raw_ops.StatefulPartitionedCall if concrete.function_def.signature.is_stateful
+                else tf.raw_ops.PartitionedCall)
+        results = call(args=args, Tout=[t.dtype for t in concrete.outputs], f=concrete)
+        env.update(zip(part.outputs, results))
 
     def forward(self, feed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
         """One F call. Returns env: every scratch tensor it produced (and the feeds), for `backward`.
