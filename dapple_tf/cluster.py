@@ -16,8 +16,9 @@ receive, send and start the next task while the others compute (with a single in
 pipeline stage overlaps nothing: measured in WORKSPACE_NOTES.md, "Speed"). 0 keeps TF's default.
 
 TF_CONFIG is TensorFlow's usual JSON: {"cluster": {"worker": ["host:port", ...]}, "task":
-{"type": "worker" | "chief", "index": i}}. A chief runs no server; a "chief" entry in "cluster"
-(as Kubeflow writes it) is accepted and ignored.
+{"type": "worker" | "chief", "index": i}}. A chief runs no TF server; a "chief" entry in "cluster"
+(["host:port"], as Kubeflow writes it) is where the chief's process tells the workers it is alive
+(chief_lease.py), so that workers end with their chief.
 """
 
 import dataclasses
@@ -58,6 +59,7 @@ class TFCluster:
     workers: Tuple[str, ...]
     task_type: str = "chief"
     task_index: int = 0
+    chief: Optional[str] = None
 
     def __post_init__(self):
         if not self.workers:
@@ -66,6 +68,11 @@ class TFCluster:
             parse_address(address, f"worker task {i}")
         if len(set(self.workers)) != len(self.workers):
             raise ClusterError(f"two worker tasks share an address: {list(self.workers)}")
+        if self.chief is not None:
+            parse_address(self.chief, "the chief")
+            if self.chief in self.workers:
+                raise ClusterError(f"the chief's address {self.chief} is also worker task "
+                                   f"{self.workers.index(self.chief)}'s")
         if self.task_type not in ROLES:
             raise ClusterError(f"task type {self.task_type!r} is not one of {ROLES}")
         if self.task_type == "worker" and not 0 <= self.task_index < len(self.workers):
@@ -91,11 +98,15 @@ class TFCluster:
         index = task.get("index", 0)
         if not isinstance(index, int):
             raise ClusterError(f"TF_CONFIG task index must be an integer, got {index!r}")
-        return cls(tuple(cluster[JOB]), task["type"], index)
+        chief = cluster.get("chief")
+        if chief is not None and not (isinstance(chief, list) and len(chief) == 1):
+            raise ClusterError(f'TF_CONFIG "chief" must list one "host:port", got {chief!r}')
+        return cls(tuple(cluster[JOB]), task["type"], index, chief[0] if chief else None)
 
     def tf_config(self, task_type: str, task_index: int = 0) -> str:
         """The TF_CONFIG JSON of one task of this cluster."""
-        return json.dumps({"cluster": {JOB: list(self.workers)}, "task": {"type": task_type, "index": task_index}})
+        spec = {JOB: list(self.workers), **({"chief": [self.chief]} if self.chief else {})}
+        return json.dumps({"cluster": spec, "task": {"type": task_type, "index": task_index}})
 
     @property
     def target(self) -> str:

@@ -6,10 +6,13 @@ Three ways:
       network namespace), runs the command as the chief against them with TF_CONFIG set, prefixes every
       line with its task, and stops every process when the chief ends, a worker dies, or on Ctrl-C.
   dapple_launch --tf_config [-- COMMAND]
-      runs this host's role from TF_CONFIG: a worker serves and waits; the chief runs COMMAND.
+      runs this host's role from TF_CONFIG: a worker serves until its chief ends; the chief runs COMMAND
+      and, when TF_CONFIG names its address ("cluster": {"chief": ["host:port"]}), tells the workers
+      there that it is alive, so that they exit when it ends or dies (dapple_tf/chief_lease.py).
   dapple_launch --emit=k8s|slurm --cluster=FILE --image=IMAGE -- dapple_train ...
       writes a Kubernetes manifest (pods + headless Service + NetworkPolicy, or --k8s_kind=tfjob) or a
-      Slurm batch script that starts the same roles (--cluster: dapple_plan's cluster file or preset).
+      Slurm batch script that starts the same roles (--cluster: dapple_plan's cluster file or preset)
+      and starts them all again when a task fails (--max_restarts; job_specs.py says how).
 
 Exit code: the chief's; non-zero when a task failed, with how to resume (run the same command again:
 dapple_train continues from the latest checkpoint in its --model_dir). TF's gRPC runtime has no
@@ -18,6 +21,7 @@ authentication: run real clusters on a private network.
 
 import os
 import sys
+import threading
 
 from absl import flags
 
@@ -33,9 +37,16 @@ flags.DEFINE_enum("k8s_kind", "pods", ["pods", "tfjob"], "With --emit=k8s: plain
 flags.DEFINE_string("image", None, "With --emit=k8s: the container image with dapple_tf installed.")
 flags.DEFINE_string("name", "dapple", "With --emit: the job's name.")
 flags.DEFINE_integer("port", 2222, "With --emit: the workers' gRPC port.")
+flags.DEFINE_integer("max_restarts", 3, "With --emit: how often a failed job is started again (Slurm, TFJob); "
+                     "plain Kubernetes pods restart until the chief succeeds.")
 flags.DEFINE_string("output", None, "With --emit: where to write the spec (default: stdout).")
 flags.DEFINE_boolean("isolate_network", True, "Local clusters run in a private network namespace (loopback only).")
-flags.DEFINE_float("grace", 90, "After a worker dies, how long the chief gets to stop by itself (s).")
+flags.DEFINE_float("grace", 10, "After a worker dies, how long the chief gets to stop by itself (s): its watchdog "
+                   "ends it within seconds of a task's process ending.")
+flags.DEFINE_float("failure_timeout", 30, "With --tf_config on a worker: exit when the chief sent nothing for this "
+                   "long (s); a chief whose process ended is seen at once.")
+flags.DEFINE_float("chief_wait_timeout", 600, "With --tf_config on a worker: exit when the chief has not come up "
+                   "within this long (s).")
 flags.DEFINE_integer("cores_per_worker", None, "Local cluster: pin each worker to this many cores of its own (0: "
                      "unpinned; default: this machine's cores / tasks, unpinned when there are more tasks than cores).")
 flags.DEFINE_integer("intra_op_threads", None, "Worker thread pool for one kernel's parallelism (default: its cores; "
@@ -70,23 +81,60 @@ def worker_threads(cores: int):
 def serve_or_run(command):
     """--tf_config: a worker starts its server and waits; the chief runs the command."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from dapple_tf.cluster import TFCluster, start_server, usable_cores
-    from scripts.launch_local import command_line
+    from dapple_tf.cluster import TFCluster
 
     cluster = TFCluster.from_tf_config()
     if cluster.task_type == "chief":
-        args = command_line(command)
-        os.execvp(args[0], args)
+        return run_chief(cluster, command)
     if command:
         raise ValueError(f"a worker task runs no command, got: {' '.join(command)}")
+    return serve(cluster)
+
+
+def run_chief(cluster, command):
+    """Runs the chief command; with the chief's address in TF_CONFIG, holds the lease the workers watch."""
+    from dapple_tf.chief_lease import ChiefLease
+    from scripts.launch_local import command_line, run_child
+
+    args = command_line(command)
+    if not cluster.chief:
+        print('dapple_launch: TF_CONFIG names no chief address ("cluster": {"chief": ["host:port"]}): the workers '
+              "will not end when this chief does", file=sys.stderr, flush=True)
+        os.execvp(args[0], args)
+    with ChiefLease(cluster.chief) as lease:
+        print(f"dapple_launch: the chief's workers watch it at {cluster.chief}", flush=True)
+        code = run_child(args)
+        lease.release(code)
+    return code
+
+
+def serve(cluster):
+    """A worker: starts its server and serves until its chief ends (or for ever, with no chief address)."""
+    from dapple_tf.cluster import start_server, usable_cores
+
     threads = worker_threads(pinned_cores())
     server = start_server(cluster, FLAGS.virtual_devices or None, threads)
     cores = list(usable_cores())
+    where = f"{cluster.describe_task(cluster.task_index)}"
     print(f"worker task {cluster.task_index} serving at {cluster.workers[cluster.task_index]} "
           f"(target {server.target}; cores {cores}, threads intra {threads.intra_op} inter {threads.inter_op})",
           flush=True)
+    if cluster.chief:
+        threading.Thread(target=end_with_chief, args=(cluster.chief, where), daemon=True).start()
+    else:
+        print(f"{where}: TF_CONFIG names no chief address: serving until stopped", flush=True)
     server.join()
     return 0
+
+
+def end_with_chief(chief, where):
+    """Ends this worker's process when its chief ends or is lost (the server's join cannot be interrupted)."""
+    from dapple_tf.chief_lease import watch_chief
+
+    outcome = watch_chief(chief, connect_timeout_s=FLAGS.chief_wait_timeout, silence_s=FLAGS.failure_timeout)
+    print(f"{where}: {outcome.reason}: exiting", file=sys.stdout if outcome.exit_code == 0 else sys.stderr,
+          flush=True)
+    os._exit(outcome.exit_code)  # pylint: disable=protected-access
 
 
 def emit(command):
@@ -105,9 +153,10 @@ def emit(command):
         if not FLAGS.image:
             raise ValueError("--emit=k8s needs --image (a container image with dapple_tf installed)")
         text = job_specs.kubernetes(FLAGS.name, FLAGS.image, cluster.num_servers, gpus, command, FLAGS.port,
-                                    FLAGS.k8s_kind, cpu_devices)
+                                    FLAGS.k8s_kind, cpu_devices, FLAGS.max_restarts)
     else:
-        text = job_specs.slurm(FLAGS.name, cluster.num_servers, gpus, command, FLAGS.port, cpu_devices)
+        text = job_specs.slurm(FLAGS.name, cluster.num_servers, gpus, command, FLAGS.port, cpu_devices,
+                               FLAGS.max_restarts)
     if FLAGS.output:
         with open(FLAGS.output, "w") as f:
             f.write(text)

@@ -76,8 +76,27 @@ def _loopback_up() -> None:
 
 
 def _die_with_parent() -> None:
-    os.setsid()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def run_child(args: Sequence[str]) -> int:
+    """Runs a command that dies with this process, passes SIGINT/SIGTERM on to it, and returns its exit code
+    (128 + N when signal N ended it)."""
+    child = subprocess.Popen(list(args), preexec_fn=_die_with_parent)
+    print(f"dapple_launch: chief command (pid {child.pid}): {' '.join(args)}", flush=True)
+
+    def forward(signum, frame):
+        del frame
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code
 
 
 def default_cores_per_worker(num_tasks: int) -> int:
@@ -96,6 +115,7 @@ class _Process:
         self.label = label
 
         def prepare():
+            os.setsid()
             _die_with_parent()
             if cores:
                 os.sched_setaffinity(0, set(cores))
@@ -153,7 +173,7 @@ def worker_placement(num_tasks: int, cores_per_worker: int, log=print) -> List[T
     return [worker_cores(i, cores_per_worker) for i in range(num_tasks)]
 
 
-def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], grace_s: float = 90.0,
+def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], grace_s: float = 10.0,
               log=print, cores_per_worker: int = 0, threads=None) -> int:
     """Runs the local cluster and the chief command; returns the exit code for dapple_launch.
 
@@ -165,8 +185,10 @@ def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], gra
     placement = worker_placement(num_tasks, cores_per_worker, log)
     threads = threads or WorkerThreads.for_cores(min(len(set(cores)) for cores in placement))
 
-    chief_args = command_line(command)
-    cluster = TFCluster(tuple(f"127.0.0.1:{p}" for p in free_ports(num_tasks)))
+    command_line(command)  # a bad command fails before anything starts
+    *ports, chief_port = free_ports(num_tasks + 1)
+    cluster = TFCluster(tuple(f"127.0.0.1:{p}" for p in ports), chief=f"127.0.0.1:{chief_port}")
+    chief_args = [sys.executable, "-m", "scripts.dapple_launch", "--tf_config", "--", *command]
     base_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPU_ALLOCATOR_USE_BFC="true")
     base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     workers: List[_Process] = []
@@ -194,13 +216,13 @@ def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], gra
         while True:
             code = chief.poll()
             if code is not None:
-                if failed_at is not None:
-                    return 1
-                return code
+                if code < 0:
+                    log(f"dapple_launch: the chief ({cluster.chief}) {describe_exit(code)}")
+                return 1 if failed_at is not None or code < 0 else code
             if stopping:
                 log(f"dapple_launch: {signal.Signals(stopping[0]).name}: stopping every task")
                 return 128 + stopping[0]
-            dead = [(i, w.poll()) for i, w in enumerate(workers) if w.poll() is not None]
+            dead = [(i, w.poll()) for i, w in enumerate(workers) if w.poll() not in (None, 0)]  # 0: chief finished
             if dead and failed_at is None:
                 for i, code in dead:
                     log(f"dapple_launch: worker task {i} ({cluster.workers[i]}) {describe_exit(code)}")
@@ -210,6 +232,10 @@ def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], gra
                 return 1
             time.sleep(0.1)
     finally:
+        if chief and chief.poll() is not None:  # workers end with their chief (its lease): give them a moment
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline and any(w.poll() is None for w in workers):
+                time.sleep(0.05)
         for process in ([chief] if chief else []) + workers:
             process.stop()
         for s, handler in previous.items():

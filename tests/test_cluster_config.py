@@ -26,12 +26,14 @@ def _tf_config(workers, task_type="worker", index=0):
     return json.dumps({"cluster": {"worker": workers}, "task": {"type": task_type, "index": index}})
 
 
-def test_tf_config_round_trip_and_chief_entry_ignored():
+def test_tf_config_round_trip_and_the_chief_address():
     cluster = TFCluster(("127.0.0.1:2222", "127.0.0.1:2223"))
     parsed = TFCluster.from_tf_config(cluster.tf_config("worker", 1))
     assert parsed == TFCluster(("127.0.0.1:2222", "127.0.0.1:2223"), "worker", 1)
     kubeflow = json.dumps({"cluster": {"chief": ["c:1"], "worker": ["w0:2222"]}, "task": {"type": "chief", "index": 0}})
-    assert TFCluster.from_tf_config(kubeflow) == TFCluster(("w0:2222",), "chief", 0)
+    assert TFCluster.from_tf_config(kubeflow) == TFCluster(("w0:2222",), "chief", 0, chief="c:1")
+    with_chief = TFCluster(("w0:2222",), chief="c:1")
+    assert TFCluster.from_tf_config(with_chief.tf_config("worker", 0)) == TFCluster(("w0:2222",), "worker", 0, "c:1")
     assert parsed.target == "grpc://127.0.0.1:2222"
     assert parsed.describe_task(1) == "worker task 1 (127.0.0.1:2223)"
 
@@ -46,6 +48,12 @@ def test_tf_config_round_trip_and_chief_entry_ignored():
     (_tf_config(["localhost"], "chief"), "worker task 0: 'localhost' is not host:port"),
     (_tf_config(["h:99999"], "chief"), "worker task 0: 'h:99999' is not host:port with a port in 1..65535"),
     (_tf_config(["h:1", "h:1"], "chief"), "two worker tasks share an address"),
+    (json.dumps({"cluster": {"worker": ["h:1"], "chief": ["c:1", "c:2"]}, "task": {"type": "chief"}}),
+     'TF_CONFIG "chief" must list one "host:port", got [\'c:1\', \'c:2\']'),
+    (json.dumps({"cluster": {"worker": ["h:1"], "chief": ["c"]}, "task": {"type": "chief"}}),
+     "the chief: 'c' is not host:port"),
+    (json.dumps({"cluster": {"worker": ["h:1"], "chief": ["h:1"]}, "task": {"type": "chief"}}),
+     "the chief's address h:1 is also worker task 0's"),
 ])
 def test_wrong_tf_config_is_a_clear_error(text, message):
     with pytest.raises(ClusterError) as e:
@@ -178,6 +186,8 @@ def test_kubernetes_pods_manifest_names_every_task():
         container = pod["spec"]["containers"][0]
         config = json.loads(next(e["value"] for e in container["env"] if e["name"] == "TF_CONFIG"))
         assert config["cluster"]["worker"] == ["bert-worker-0.bert:2222", "bert-worker-1.bert:2222"]
+        assert config["cluster"]["chief"] == ["bert-chief.bert:2222"]  # where the workers watch their chief
+        assert pod["spec"]["restartPolicy"] == "OnFailure"  # every task fails together and restarts
         if name == "bert-chief":
             assert config["task"] == {"type": "chief", "index": 0}
             assert container["command"] == ["dapple_launch", "--tf_config", "--", "dapple_train", "--model=bert"]
@@ -198,6 +208,8 @@ def test_kubeflow_tfjob_manifest():
     assert worker["name"] == "tensorflow"
     assert worker["command"] == ["dapple_launch", "--tf_config", "--virtual_devices=2"]
     assert policy["kind"] == "NetworkPolicy"
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 3
+    assert {spec["restartPolicy"] for spec in specs.values()} == {"OnFailure"}
 
 
 def test_emit_k8s_from_a_cluster_preset(tmp_path):
@@ -215,31 +227,50 @@ def _stub(path, body):
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_slurm_script_starts_every_task_with_its_tf_config(tmp_path):
+def _slurm_run(tmp_path, chief_failures, max_restarts):
+    """Runs the emitted Slurm script with stub scontrol/srun/dapple_launch; the stub chief fails its first
+    `chief_failures` runs. Returns the result and the (TF_CONFIG, arguments) of every task started."""
     script = tmp_path / "job.sbatch"
-    script.write_text(job_specs.slurm("j", 3, 0, ["dapple_train", "--model=mlp", "--steps=5"], cpu_devices=2))
-    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    script.write_text(job_specs.slurm("j", 3, 0, ["dapple_train", "--model=mlp", "--steps=5"], cpu_devices=2,
+                                      max_restarts=max_restarts))
+    bin_dir, log, runs = tmp_path / "bin", tmp_path / "log", tmp_path / "chief_runs"
     bin_dir.mkdir()
     _stub(bin_dir / "scontrol", "printf 'node1\\nnode2\\nnode3\\n'\n")
     _stub(bin_dir / "srun", 'while [[ "$1" == --* ]]; do shift; done\n'
           'for i in 0 1 2; do SLURM_PROCID=$i "$@"; done\n')
-    # the chief's stub waits (up to 10 s) for the 3 workers, which srun starts in the background
-    _stub(bin_dir / "dapple_launch", f'if [[ "$*" == *" -- "* ]]; then for i in $(seq 100); do\n'
-          f'  [ "$(wc -l < {log} 2>/dev/null || echo 0)" -ge 3 ] && break; sleep 0.1; done; fi\n'
-          f'echo "$TF_CONFIG | $*" >> {log}\n')
+    # the chief's stub waits (up to 10 s) for this attempt's 3 workers, which srun starts in the background
+    _stub(bin_dir / "dapple_launch", f'echo "$TF_CONFIG | $*" >> {log}\n'
+          f'if [[ "$*" == *" -- "* ]]; then echo run >> {runs}; for i in $(seq 100); do\n'
+          f'  [ $(( $(wc -l < {log}) % 4 )) -eq 0 ] && break; sleep 0.1; done\n'
+          f'  [ "$(wc -l < {runs})" -gt {chief_failures} ] || exit 7; fi\n')
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="node[1-3]")
     result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    lines = log.read_text().splitlines()
+    return result, [(json.loads(line.split(" | ")[0]), line.split(" | ")[1]) for line in lines]
+
+
+def test_slurm_script_starts_every_task_with_its_tf_config(tmp_path):
+    result, started = _slurm_run(tmp_path, chief_failures=0, max_restarts=3)
     assert result.returncode == 0, result.stderr
-    lines = sorted(log.read_text().splitlines())
     workers = ["node1:2222", "node2:2222", "node3:2222"]
-    parsed = [(json.loads(line.split(" | ")[0]), line.split(" | ")[1]) for line in lines]
-    assert [c["cluster"]["worker"] for c, _ in parsed] == [workers] * 4
-    tasks = sorted((c["task"]["type"], c["task"]["index"]) for c, _ in parsed)
+    assert [c["cluster"] for c, _ in started] == [{"worker": workers, "chief": ["node1:2223"]}] * 4
+    tasks = sorted((c["task"]["type"], c["task"]["index"]) for c, _ in started)
     assert tasks == [("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2)]
-    commands = {c["task"]["type"]: args for c, args in parsed}
+    commands = {c["task"]["type"]: args for c, args in started}
     assert commands["chief"] == "--tf_config -- dapple_train --model=mlp --steps=5"
     assert commands["worker"] == "--tf_config --virtual_devices=2"
-    assert "#SBATCH --nodes=3" in script.read_text()
+    assert "#SBATCH --nodes=3" in (tmp_path / "job.sbatch").read_text()
+
+
+@pytest.mark.parametrize("failures, max_restarts, code", [(2, 3, 0), (2, 1, 7)])
+def test_slurm_script_starts_every_task_again_after_a_failure(tmp_path, failures, max_restarts, code):
+    result, started = _slurm_run(tmp_path, chief_failures=failures, max_restarts=max_restarts)
+    assert result.returncode == code, result.stderr
+    attempts = min(failures, max_restarts + 1) + (code == 0)
+    assert len(started) == 4 * attempts  # every task, every attempt
+    assert sorted(c["task"]["type"] for c, _ in started).count("chief") == attempts
+    failed = [line for line in result.stderr.splitlines() if line.startswith("dapple: attempt")]
+    assert failed == [f"dapple: attempt {i} failed (chief exit code 7)" for i in range(min(failures, attempts))]
 
 
 WAIT_FOR_WORKERS = ("from dapple_tf.cluster import TFCluster, wait_for_workers; "
