@@ -6,7 +6,7 @@
     dapple_tf.Trainer(model_fn, input_fn, optimizer, plan, model_dir).train(steps)   # or a training loop
 """
 
-from dapple_tf.batch_norm import BatchNormWarning
+from dapple_tf.batch_norm import BatchNormWarning, MovingStatisticsWarning, collect_updates
 from dapple_tf.cluster import ClusterError, TFCluster
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.layers import LayerRecorder, layer
@@ -17,6 +17,8 @@ from dapple_tf.trainer import Trainer, TrainerOptions
 
 __all__ = [
     "BatchNormWarning",
+    "MovingStatisticsWarning",
+    "collect_updates",
     "ClusterError",
     "TFCluster",
     "Trainer",

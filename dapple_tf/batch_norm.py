@@ -8,20 +8,30 @@ them over micro-batches and replicas (weighted by each slice's share of the glob
 the micro-batch statistics), and imports the update's own ops once, fed by the averages. The moving
 averages are then those of a single-device model that saw each step's micro-batch statistics
 averaged. Normalization itself uses each slice's statistics (micro-batch semantics): build_pipeline
-warns (BatchNormWarning) naming the batch-norm ops. With batch_norm="sync" a replicated stage's fused
-batch norms use the statistics of the whole micro-batch (sync_batch_norm.py), and so do the statistics
+warns (BatchNormWarning) naming the batch-norm ops. With batch_norm="sync" a replicated stage's
+batch statistics are those of the whole micro-batch (sync_batch_norm.py), and so are the statistics
 the update ops read: the warning is then about micro-batches only (none when there is one).
+
+What is a batch norm is decided by what it computes (normalization.py): statistics reducing over the
+sample axis, fused (FusedBatchNorm*) or not (tf.nn.moments' means). Per-sample normalizations (Keras
+LayerNormalization, which Keras 2 computes with FusedBatchNormV3 over a reshaped tensor,
+GroupNormalization, instance norms) are neither warned about nor synchronized; with batch_norm="sync"
+non-fused batch statistics of replicated stages are synchronized too.
+
+Variable assignments computed from the batch that nothing runs (Keras 3 layers assign their moving
+statistics when called in training mode, and in a graph nothing runs those assignments unless they are
+in UPDATE_OPS) get a MovingStatisticsWarning; `collect_updates` adds a block's assignments to UPDATE_OPS.
 """
 
+import contextlib
 import warnings
-from typing import Callable, Dict, List, Sequence, Set
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from dapple_tf import graph_defs as graph_defs_lib, outputs as outputs_lib
+from dapple_tf import graph_defs as graph_defs_lib, normalization, outputs as outputs_lib
 from dapple_tf.errors import DappleError
-from dapple_tf.sync_batch_norm import is_training_norm
 
 PER_SLICE, SYNC = "per_slice", "sync"
 MODES = (PER_SLICE, SYNC)
@@ -29,6 +39,87 @@ MODES = (PER_SLICE, SYNC)
 
 class BatchNormWarning(UserWarning):
     """Batch statistics are computed per micro-batch slice, not over the global batch."""
+
+
+class MovingStatisticsWarning(BatchNormWarning):
+    """model_fn assigns variables from the batch (moving statistics) in ops that nothing runs."""
+
+
+_ASSIGNS = ("AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp", "Assign", "AssignSub", "AssignAdd")
+
+
+_READ_BACKS = ("ReadVariableOp", "Identity") + _ASSIGNS
+
+
+def _unrun_assigns(ops: Sequence[tf.Operation], graph: tf.Graph, run: Set[tf.Operation]) -> List[tf.Operation]:
+    """`ops`: every op created since some point, in creation order. The variable assignments among them that
+    initialize no variable and that nothing in `run` (or computing anything) depends on: only reads of the
+    value back (Keras 2's read after an assign) may."""
+    control_outputs: Dict[tf.Operation, List[tf.Operation]] = {}
+    for op in ops:  # what depends on them was created after them: among `ops` (all created since the first)
+        for c in op.control_inputs:
+            control_outputs.setdefault(c, []).append(op)
+    variables = (graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+                 + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES))
+    initializers = {getattr(v, "initializer", None) for v in variables}
+
+    def unrun(op):
+        seen, stack = {op}, [op]
+        while stack:
+            current = stack.pop()
+            if current in run or current.type not in _READ_BACKS:
+                return False
+            for after in [c for t in current.outputs for c in t.consumers()] + control_outputs.get(current, []):
+                if after not in seen:
+                    seen.add(after)
+                    stack.append(after)
+        return True
+
+    return [op for op in ops if op.type in _ASSIGNS and op not in initializers and unrun(op)]
+
+
+def _collected_ops(graph: tf.Graph, collection: str) -> Set[tf.Operation]:
+    items = graph.get_collection(collection)
+    return {item if isinstance(item, tf.Operation) else item.op for item in items if hasattr(item, "graph")}
+
+
+@contextlib.contextmanager
+def collect_updates(collection: str = tf.compat.v1.GraphKeys.UPDATE_OPS):
+    """Adds the variable assignments created in the block that nothing runs (Keras 3 BatchNormalization's
+    moving statistics when called with training=True; Keras 2's too) to `collection`; yields the list of them.
+
+        with dapple_tf.collect_updates():
+            h = keras.layers.BatchNormalization()(x, training=True)
+    """
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    collected: List[tf.Operation] = []
+    yield collected
+    for op in _unrun_assigns(graph.get_operations()[first:], graph, _collected_ops(graph, collection)):
+        graph.add_to_collection(collection, op)
+        collected.append(op)
+
+
+def warn_unrun_assigns(created: Set[tf.Operation], run: Set[tf.Operation], batch_dependent: Set[tf.Operation]) -> None:
+    """Warns about assignments computed from the batch that model_fn created and nothing in `run` (the stages'
+    and the update ops) depends on."""
+    if not created:
+        return
+    graph = next(iter(created)).graph
+    ordered = sorted(created, key=lambda op: op._id)  # pylint: disable=protected-access
+    unrun = [op for op in _unrun_assigns(ordered, graph, run) if op in batch_dependent]
+    if not unrun:
+        return
+    shown = ", ".join(op.name for op in unrun[:4]) + (f" and {len(unrun) - 4} more" if len(unrun) > 4 else "")
+    warnings.warn(
+        f"model_fn assigns variables from the batch in {len(unrun)} op(s) that nothing runs ({shown}): they are not "
+        "in UPDATE_OPS and no op depends on them, so those variables never change (Keras 3 BatchNormalization "
+        "assigns its moving_mean/moving_variance this way when called with training=True, and a graph runs only "
+        "what is fetched). Add them to UPDATE_OPS, e.g. `with dapple_tf.collect_updates(): h = bn(x, "
+        "training=True)`; build_pipeline then runs them once per step",
+        MovingStatisticsWarning,
+        stacklevel=4,
+    )
 
 
 def warn_per_micro_batch(norms: Sequence[tf.Operation], updates: "UpdateOps", replication: Sequence[int],
@@ -87,6 +178,8 @@ class UpdateOps:
         self.subgraph: Set[tf.Operation] = set()
         self.statistics: Dict[str, outputs_lib.ExtraOutput] = {}  # stage tensor name -> what to average
         self.fixed: Dict[str, tf.Tensor] = {}  # batch-independent inputs, used as they are
+        # with batch_norm="sync", per stage: the batch statistics sync_batch_norm.rewrite synchronizes (prepare)
+        self.synchronized: List[Dict[str, Optional[Tuple[int, Tuple[int, ...]]]]] = [{} for _ in stage_ops]
         stack = list(self.update_ops)
         while stack:
             op = stack.pop()
@@ -126,53 +219,83 @@ class UpdateOps:
         return list(self.unchanged) + list(imported)
 
 
-def reduces_over_batch(op: tf.Operation) -> bool:
-    """A Mean or Sum keeping dimensions over constant axes that include the batch axis: tf.nn.moments' (and so
-    non-fused batch norms') statistics."""
-    if op.type not in ("Mean", "Sum") or not op.get_attr("keep_dims"):
-        return False
-    axes, rank = tf.get_static_value(op.inputs[1]), op.inputs[0].shape.rank
-    return axes is not None and bool(rank) and 0 in {int(a) % rank for a in np.ravel(axes)}
+def _sliced_tensors(graph: tf.Graph, analysis: normalization.SampleAxes, synced: Set[str]) -> Set[str]:
+    """Names of the tensors computed from a replica's slice without going through a synchronized statistic."""
+    sliced: Set[str] = set()
+    for op in graph.get_operations():
+        if op not in analysis.batch_dependent:
+            continue
+        from_slice = op in analysis.inputs or any(t.name in sliced for t in op.inputs)
+        for t in op.outputs:
+            consistent = op.name in synced and (op.type in normalization.REDUCTIONS or t.value_index in (1, 2))
+            if from_slice and not consistent:
+                sliced.add(t.name)
+    return sliced
 
 
-def _check_synchronized(updates: UpdateOps, stage_ops, replication: Sequence[int]) -> None:
-    """With sync batch norm, replicated stages must hold no batch statistics that it does not synchronize."""
-    fix = ("make it fused (tf.compat.v1.nn.fused_batch_norm, slim.batch_norm(fused=True), keras BatchNormalization on "
-           "4-D inputs) or use batch_norm='per_slice'")
-    for s, ops in enumerate(stage_ops):
-        batch_reductions = [op.name for op in ops if replication[s] > 1 and reduces_over_batch(op)]
-        if batch_reductions:
+def _check_synchronized(updates: UpdateOps, analysis: normalization.SampleAxes, synced: Set[str],
+                        replication: Sequence[int]) -> None:
+    """With sync batch norm, update ops must read statistics that are the same on every replica."""
+    replicated = [extra for extra in updates.statistics.values() if replication[extra.stage] > 1]
+    if not replicated:
+        return
+    sliced = _sliced_tensors(replicated[0].tensor.graph, analysis, synced)
+    for extra in replicated:
+        if extra.tensor.name in sliced:
             raise DappleError(
-                f"batch_norm='sync' synchronizes fused batch norms (FusedBatchNorm*) only, but stage {s}, which is "
-                f"replicated, computes statistics over the batch in {batch_reductions[0]} (tf.nn.moments, a "
-                f"non-fused batch norm): they would stay per replica's slice; {fix}"
-            )
-    for extra in updates.statistics.values():
-        op = extra.tensor.op
-        if replication[extra.stage] > 1 and not (is_training_norm(op) and extra.tensor.value_index in (1, 2)):
-            raise DappleError(
-                f"batch_norm='sync' synchronizes fused batch norms (FusedBatchNorm*) only, but an update op reads "
-                f"{extra.tensor.name} ({op.type}) from stage {extra.stage}, which is replicated: a statistic it does "
-                f"not synchronize stays per replica's slice; {fix}"
+                f"batch_norm='sync' synchronizes batch statistics (fused batch norms, and means or sums over the "
+                f"batch axis keeping dims, as tf.nn.moments computes them), but an update op reads "
+                f"{extra.tensor.name} ({extra.tensor.op.type}) from stage {extra.stage}, which is replicated: it is "
+                "computed from the replica's own slice, not from synchronized statistics, so it would stay per "
+                "replica's slice; compute it from the batch norm's statistics or use batch_norm='per_slice'"
             )
 
 
 def prepare(template, created: Set[tf.Operation], micro_batch_size: int, num_micro_batches: int = 1,
             sync: bool = False) -> UpdateOps:
     """The UpdateOps of the UPDATE_OPS model_fn `created`, their statistics added to the stages' clone outputs
-    (template.StageTemplate.extra_outputs); warns about per-micro-batch statistics; with `sync`, refuses
-    statistics that sync batch norm does not synchronize."""
+    (template.StageTemplate.extra_outputs); warns about per-micro-batch statistics and about assignments
+    nothing runs; with `sync`, records the batch statistics of replicated stages to synchronize
+    (`synchronized`: per stage, name -> None for a fused norm or (rank, axes) for a Mean) and refuses
+    update ops reading statistics that are not synchronized."""
     graph = template.stages[0].ops[0].graph
     stage_ops = [st.ops for st in template.stages]
     replication = [st.stage.replication for st in template.stages]
     placeholders = [graph.get_tensor_by_name(name).op for name in template.inputs]
-    updates = UpdateOps(model_update_ops(graph, created), stage_ops, placeholders)
+    update_ops = model_update_ops(graph, created)
+    updates = UpdateOps(update_ops, stage_ops, placeholders)
+    analysis = normalization.SampleAxes(graph, placeholders)
+    norms = analysis.batch_statistics(op for ops in stage_ops for op in ops)
     if sync:
-        _check_synchronized(updates, stage_ops, replication)
-    norms = [op for ops in stage_ops for op in ops if is_training_norm(op)]
+        for op in norms:
+            s = updates.stage_of[op]
+            if replication[s] <= 1:
+                continue
+            if op.type == "Sum":
+                raise DappleError(
+                    f"batch_norm='sync' synchronizes batch statistics (fused batch norms, and means over the batch "
+                    f"axis keeping dims, as tf.nn.moments computes them), but stage {s}, which is replicated, sums "
+                    f"over the batch in {op.name} (a Sum keeping dims): what the sum is divided by cannot be told "
+                    "from the graph, so it would stay per replica's slice; compute the statistic with "
+                    "tf.reduce_mean(..., keepdims=True) or tf.nn.moments, or use batch_norm='per_slice'"
+                )
+            updates.synchronized[s][op.name] = _reduction(op)
+        _check_synchronized(updates, analysis, {n for names in updates.synchronized for n in names}, replication)
     warn_per_micro_batch(norms, updates, replication, micro_batch_size, num_micro_batches, sync)
+    run = {op for ops in stage_ops for op in ops} | set(update_ops) | _collected_ops(
+        graph, tf.compat.v1.GraphKeys.UPDATE_OPS)
+    warn_unrun_assigns(created, run, analysis.batch_dependent)
     for extra in updates.statistics.values():
         wanted = template.stages[extra.stage].extra_outputs
         if extra.tensor not in wanted:
             wanted.append(extra.tensor)
     return updates
+
+
+def _reduction(op: tf.Operation) -> Optional[Tuple[int, Tuple[int, ...]]]:
+    """None for a fused norm; (input rank, reduction axes) for a Mean."""
+    if op.type in normalization.TRAINING_NORMS:
+        return None
+    rank = op.inputs[0].shape.rank
+    axes = np.ravel(tf.get_static_value(op.inputs[1]))
+    return rank, tuple(sorted({int(a) % rank for a in axes}))

@@ -5,6 +5,8 @@
         config=tf.estimator.RunConfig(model_dir="run1", session_config=...))
     estimator.train(input_fn, max_steps=1000)       # TRAIN: build_pipeline, global_step += 1 per step
     estimator.evaluate(eval_input_fn)               # EVAL: the user's single-device graph
+    estimator.train(dapple_tf.inputs.estimator_input_fn(input_fn, 64), max_steps=1000)
+        # the input_fn(step, batch_size) of dapple_profile / dapple_train / Trainer (dapple_tf/inputs.py)
 
 TRAIN builds the pipeline (`build_pipeline(..., global_step=...)`); its Scaffold runs the
 pipeline's local init op, which initializes local resources (lookup tables) and broadcasts the

@@ -75,14 +75,14 @@ class HorovodPipeline:
         return tf.nest.map_structure(cut, global_batch)
 
     def build(self, model_fn, features, labels, optimizer, schedule: Optional[str] = None, global_step=None,
-              global_batch_size: int = 0, batch_norm: str = "per_slice"):
+              global_batch_size: int = 0, batch_norm: str = "per_slice", layers=None):
         """build_pipeline on this process's batch; gradients averaged over processes by batch share.
         batch_norm="sync" synchronizes a stage's replicas in this process only (statistics per process)."""
         local = int(tf.nest.flatten(features)[0].shape[0])
         share = local / (global_batch_size or local * self.size)
         return build_pipeline(model_fn, features, labels, optimizer, self.plan, schedule=schedule,
                               global_step=global_step, cross_process_reduce=cross_process_reduce(share),
-                              batch_norm=batch_norm)
+                              batch_norm=batch_norm, layers=layers)
 
     def broadcast_hook(self, handle) -> tf.compat.v1.train.SessionRunHook:
         return _BroadcastHook(handle)

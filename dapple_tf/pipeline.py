@@ -71,8 +71,11 @@ def _check_devices(devices: Sequence[str]) -> None:
     missing = [d for d in devices if tf.DeviceSpec.from_string(d).job is None and d not in local]
     if missing:
         raise PlanError(
-            f"the plan uses devices {missing} that this process does not have; available: {sorted(local)} "
-            "(split the CPU with tf.config.set_logical_device_configuration for virtual devices)"
+            f"the plan uses devices {missing} that this process does not have; available: {sorted(local)}. "
+            "To get them: dapple_train --num_devices=N (N virtual CPU devices; or a plan for the devices you have: "
+            "dapple_plan --num_devices=N), or in your own program, before TensorFlow starts, split the CPU into N "
+            "virtual devices: tf.config.set_logical_device_configuration(tf.config.list_physical_devices('CPU')[0], "
+            "[tf.config.LogicalDeviceConfiguration()] * N) (as in the README's example)"
         )
 
 
@@ -109,7 +112,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     layers first, overlapping the last micro-batch's backward (default 25 MiB, the planner's
     ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
     batch_norm: "per_slice" (each replica's slice of a micro-batch normalized with its own statistics) or
-    "sync" (a replicated stage's fused batch norms use the whole micro-batch's statistics: sync_batch_norm.py).
+    "sync" (a replicated stage's batch norms, fused or tf.nn.moments-style, use the whole micro-batch's statistics:
+    sync_batch_norm.py; per-sample normalizations such as LayerNormalization are told apart: normalization.py).
     stage_functions: True builds each stage once, as functions called per micro-batch and replica (stage_function.py;
     a stage it does not cover is imported per clone: PipelineHandle.function_fallbacks): the graph and the first
     step no longer grow with the model's ops times M, at some step time and activation memory. False imports
@@ -179,7 +183,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
                                      plan.num_micro_batches, sync)
     again = recompute_lib.stages_to_recompute(recompute, plan.recompute, len(stages))
     builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable, again,
-                           sync_keys=keys if sync else None, stage_functions=stage_functions)
+                           sync_keys=keys if sync else None, stage_functions=stage_functions,
+                           sync_statistics=updates.synchronized)
     builder.build_forward(sched)
     builder.build_backward(sched)
     builder.chain(sched)

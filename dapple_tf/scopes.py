@@ -24,10 +24,34 @@ its variables) on the device `device_for_layer` gives, as marked layers are.
 Ops outside every layer (a squeeze at the model's top scope, the loss, regularization sums) join
 the nearest layer: the latest layer among the layers producing their inputs; failing that (input
 preprocessing), the earliest layer consuming their outputs. Ops related to no layer stay outside.
+
+Two rules keep one layer per model layer, both decided from the graph, not from names:
+- A scope whose ops only create variables (made under the variable creator: the variable, its
+  initialization and reads) is part of the layer that computes with those variables, found through
+  the graph (the first op of another scope consuming them, through unscoped ops such as the
+  `ReadVariableOp`s colocated with a variable). Keras 3 builds a layer in one name scope and calls
+  it in another (`dense` then `dense_1`; `sequential/dense` then `sequential_1/dense_1`): the layer
+  is ordered by the scope it computes in. It is named by the scope its variables were created in
+  when that scope is the only one joining it, the computing scope creates no variable, and the
+  two are one name entered twice (TF names a scope entered again `<name>_<k>`: "d0" then "d0_1";
+  "dense_1_1" then "dense_1_2" when "dense_1" was taken); so a Keras 3 layer named "d0" is "d0"
+  as in Keras 2. Otherwise the computing scope's name stays (Keras 3's Dropout computes in its
+  own scope with the variable of a `seed_generator` scope; a Keras 3 functional model at depth 1
+  keeps its call scope's name, `functional_1`: the variables of all its layers join it). Keras
+  2's functional models, which also apply their layers to the `keras.Input` placeholders, count
+  only the ops the loss needs as computation. While a model is recorded, Keras 3 numbers unnamed
+  layers per graph, as Keras 2 does (`_keras_names_per_graph`): a profile and a training graph
+  built later in the same process name the same layers.
+- After unused layers are dropped, a last layer that creates no variables and computes the loss
+  (the loss's own scope, e.g. `SparseSoftmaxCrossEntropyWithLogits` at depth 1) joins the layer
+  before it.
 """
 
+import collections
 import contextlib
 import fnmatch
+import sys
+import weakref
 from typing import Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -86,6 +110,7 @@ class ScopeRecorder:
         self.device_for_layer = device_for_layer
         self.layers: List[LayerRecord] = []
         self._provisional: Dict[str, int] = {}  # layer name -> index, as seen while ops are created
+        self._variables_only: set = set()  # provisional names with only variable-creating ops so far
         self._scopes_of: Dict[tf.Operation, tuple] = {}  # op -> (name scope, variable scope, made by a variable)
         self._created: List[tf.Operation] = []
         self._requested_in: List[tuple] = []  # while a variable is created: the scopes it was asked for in
@@ -110,8 +135,25 @@ class ScopeRecorder:
         name = self.spec.layer_of_scope(scope) or self.spec.layer_of_scope(scopes[1])
         if name is None or op.device or self.device_for_layer is None:
             return op.device
-        index = self._provisional.setdefault(name, len(self._provisional))
-        return self.device_for_layer(name, index) or ""
+        return self.device_for_layer(name, self._provisional_index(name, scopes[2])) or ""
+
+    def _provisional_index(self, name: str, made_by_variable: bool) -> int:
+        """The layer index of a scope as known while ops are created: a computing scope that is a
+        variables-only scope entered again (Keras 3's call scope "d0_1" after its build scope "d0")
+        shares its index, so that variables are placed with their layer's stage (_finish decides)."""
+        if name not in self._provisional:
+            shared = None if made_by_variable else next(
+                (v for v in sorted(self._variables_only) if _reentered(v, name)), None)
+            if shared is not None:
+                self._provisional[name] = self._provisional[shared]
+                self._variables_only.discard(shared)
+            else:
+                self._provisional[name] = len(set(self._provisional.values()))
+                if made_by_variable:
+                    self._variables_only.add(name)
+        elif not made_by_variable:
+            self._variables_only.discard(name)
+        return self._provisional[name]
 
     def _scopes(self):
         return self.graph.get_name_scope(), tf.compat.v1.get_variable_scope().name
@@ -129,14 +171,19 @@ class ScopeRecorder:
     def activate(self):
         first = len(self.graph.get_operations())
         with tf.compat.v1.device(self._place), tf.variable_creator_scope(self._variable_creator), \
-                tf.compat.v1.variable_creator_scope(self._variable_creator):
+                tf.compat.v1.variable_creator_scope(self._variable_creator), _keras_names_per_graph(self.graph):
             yield self
         # Every op made meanwhile (ops colocated with a variable skip device functions: no scope of their own).
         self._created = self.graph.get_operations()[first:]
         self.layers = self._finish()
 
     def drop_layers_unused_by(self, loss: tf.Tensor) -> None:
-        """Keeps the layers the loss depends on (a model's unused heads, e.g. slim's `predictions`, go)."""
+        """Keeps the layers the loss depends on (a model's unused heads, e.g. slim's `predictions`, go).
+
+        Layers are found again with only the ops the loss needs counting as computation: Keras 2's
+        functional models also apply each layer to their `keras.Input` (ops nothing uses) in the scope
+        that creates the layer's variables, which is then a variables-only scope like Keras 3's.
+        """
         needed, stack = set(), [loss.op]
         while stack:
             op = stack.pop()
@@ -144,7 +191,13 @@ class ScopeRecorder:
                 needed.add(op)
                 stack.extend(t.op for t in op.inputs)
                 stack.extend(op.control_inputs)
-        kept = [r for r in self.layers if any(op in needed for op in r.ops)]
+        kept = [r for r in self._finish(needed) if any(op in needed for op in r.ops)]
+        if len(kept) > 1 and loss.op in kept[-1].ops and not _creates_variables(kept[-1].ops):
+            # The loss's own scope (`SparseSoftmaxCrossEntropyWithLogits` at depth 1, a "loss" name scope):
+            # no weights, nothing to pipeline; it joins the layer before it.
+            order = {op: i for i, op in enumerate(self._created)}
+            ops = sorted(kept[-2].ops + kept[-1].ops, key=order.__getitem__)
+            kept[-2:] = [LayerRecord(name=kept[-2].name, index=kept[-2].index, ops=ops)]
         self.layers = [LayerRecord(name=r.name, index=i, ops=r.ops) for i, r in enumerate(kept)]
 
     def _layer_name(self, op, op_names) -> Optional[str]:
@@ -157,19 +210,72 @@ class ScopeRecorder:
             scope = scope.rpartition("/")[0]
         return self.spec.layer_of_scope(scope) or self.spec.layer_of_scope(variable_scope)
 
-    def _finish(self) -> List[LayerRecord]:
+    def _variable_scope_hosts(self, scope_of: Dict[tf.Operation, str], needed=None) -> Dict[str, str]:
+        """Scopes that only create variables -> the scope of the first layer computing with them.
+
+        Keras 3 builds a layer (creates its variables) in one name scope and calls it in another
+        ("dense" then "dense_1", "sequential/dense" then "sequential_1/dense_1"): the scope holding
+        nothing but the creation of variables (ops made under the variable creator) is not a layer of
+        its own but part of the layer whose ops read those variables. The readers are found through the
+        graph: consumers of the variables' ops, through ops of no scope (the `ReadVariableOp`s
+        colocated with a variable), up to the first op of another scope; the earliest such op's scope
+        hosts it. A scope whose variables no other scope reads stays a layer. `needed`: when given, only
+        these ops count as computation.
+        """
+        computing = {name for op, name in scope_of.items()
+                     if not self._scopes_of[op][2] and (needed is None or op in needed)}
+        created = set(self._created)
+        order = {op: i for i, op in enumerate(self._created)}
+        host: Dict[str, str] = {}
+        ops_of: Dict[str, List[tf.Operation]] = {}
+        for op, name in scope_of.items():
+            if name not in computing:
+                ops_of.setdefault(name, []).append(op)
+        for name, ops in ops_of.items():
+            stack = list(ops)
+            seen, readers = set(stack), []
+            while stack:
+                for out in stack.pop().outputs:
+                    for consumer in out.consumers():
+                        if consumer in seen or consumer not in created:
+                            continue
+                        seen.add(consumer)
+                        other = scope_of.get(consumer)
+                        if other is None:
+                            stack.append(consumer)
+                        elif other != name:
+                            readers.append(consumer)
+            reading = [scope_of[op] for op in sorted(readers, key=order.__getitem__) if scope_of[op] in computing]
+            if reading:
+                host[name] = reading[0]
+        return host
+
+    def _finish(self, needed=None) -> List[LayerRecord]:
         op_names = {op.name for op in self._created}
-        index: Dict[str, int] = {}
-        layer_of: Dict[tf.Operation, int] = {}
+        scope_of: Dict[tf.Operation, str] = {}
         for op in self._created:
             name = self._layer_name(op, op_names)
             if name is not None:
-                layer_of[op] = index.setdefault(name, len(index))
-        if not index:
+                scope_of[op] = name
+        if not scope_of:
             raise LayerMarkerError(
                 f"{self.spec!r}: no op was created inside a matching name scope; print the model's op names "
                 "(tf.compat.v1.get_default_graph().get_operations()) to choose a depth or patterns"
             )
+        host = self._variable_scope_hosts(scope_of, needed)
+        index: Dict[str, int] = {}
+        for op in self._created:  # numbered by their first computing op: a variables-only scope takes its reader's
+            if op in scope_of and scope_of[op] not in host:
+                index.setdefault(scope_of[op], len(index))
+        layer_of = {op: index[host.get(name, name)] for op, name in scope_of.items()}
+        names = {name: name for name in index}
+        creating = {name for op, name in scope_of.items() if self._scopes_of[op][2]}
+        guests: Dict[str, List[str]] = {}
+        for name, computing in host.items():
+            guests.setdefault(computing, []).append(name)
+        for computing, created_in in guests.items():  # Keras 3: the layer's own name, where its variables are
+            if len(created_in) == 1 and computing not in creating and _reentered(created_in[0], computing):
+                names[computing] = created_in[0]
         created = set(self._created)
         for op in self._created:  # creation order: producers first
             if op not in layer_of:
@@ -185,4 +291,49 @@ class ScopeRecorder:
         for op in self._created:
             if op in layer_of:
                 ops[layer_of[op]].append(op)
-        return [LayerRecord(name=n, index=i, ops=ops[i]) for n, i in index.items()]
+        return [LayerRecord(name=names[n], index=i, ops=ops[i]) for n, i in index.items()]
+
+
+def _reentered(first: str, again: str) -> bool:
+    """Are both scopes one name entered twice? TF names a scope entered again `<name>_<k>`: "d0" and "d0_1",
+    "seq/d0" and "seq_1/d0_1", or, when "dense_1" was taken, "dense_1_1" and "dense_1_2" (both "dense_1")."""
+    a, b = first.split("/"), again.split("/")
+    return len(a) == len(b) and a != b and all(_bases(x) & _bases(y) for x, y in zip(a, b))
+
+
+def _bases(component: str) -> set:
+    """The names a scope component can have been entered as: itself, and without a `_<k>` suffix."""
+    stem, sep, k = component.rpartition("_")
+    return {component, stem} if sep and stem and k.isdigit() else {component}
+
+
+_VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+
+
+def _creates_variables(ops) -> bool:
+    return any(op.type in _VARIABLE_OP_TYPES for op in ops)
+
+
+_KERAS_NAMES = weakref.WeakKeyDictionary()  # graph -> Keras 3's name counters while building in it
+
+
+@contextlib.contextmanager
+def _keras_names_per_graph(graph: tf.Graph):
+    """Keras 3 numbers unnamed layers across the whole process ("dense", then "dense_1" in the next
+    graph), Keras 2 per graph. Scope layers are named after them, so a profile and the training graph
+    built later in the same process would disagree: while a model is recorded, the graph's own
+    counters are Keras 3's (as Keras 2 does); the process's counters then continue past both."""
+    state = sys.modules.get("keras.src.backend.common.global_state")
+    if state is None or not hasattr(state, "get_global_attribute"):  # Keras 2, or Keras 3 not imported yet
+        yield
+        return
+    before = state.get_global_attribute("object_name_uids")
+    own = _KERAS_NAMES.setdefault(graph, collections.defaultdict(int))
+    state.set_global_attribute("object_name_uids", own)
+    try:
+        yield
+    finally:
+        merged = collections.defaultdict(int, before or {})
+        for name, count in own.items():
+            merged[name] = max(merged[name], count)
+        state.set_global_attribute("object_name_uids", merged)

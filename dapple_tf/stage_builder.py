@@ -83,8 +83,11 @@ class StageBuilder:
         recompute: Sequence[bool] = (),
         sync_keys: collectives.CollectiveKeys = None,
         stage_functions: bool = None,
+        sync_statistics: Sequence[Dict[str, object]] = None,
     ):
-        """sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys.
+        """sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys;
+        sync_statistics: per stage, the batch statistics to synchronize (batch_norm.prepare's `synchronized`;
+        None: every training-mode fused norm).
         stage_functions: build stages as functions (stage_function.py) where they can be: True, False, or None
         (when the clones would be large)."""
         self.graph = graph
@@ -104,6 +107,7 @@ class StageBuilder:
         self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
         self._sizes = [microbatch.slice_sizes(micro_batch_size, st.stage.replication) for st in template.stages]
         self._sync_keys = sync_keys
+        self._sync_statistics = sync_statistics
         self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
         self._keys_per_clone_group = [0] * len(template.stages)  # instance keys of a stage's synced batch norms
         self._gradient_split: Dict[Tuple[int, int, int], tuple] = {}  # backward task -> (input, weight grads, device)
@@ -217,8 +221,9 @@ class StageBuilder:
         for s, stage in enumerate(self.template.stages):
             devices = stage.stage.devices
             if len(devices) > 1:
+                statistics = self._sync_statistics[s] if self._sync_statistics is not None else None
                 synced = sync_batch_norm.rewrite(graph_defs[s], s, devices, self._sync_keys.group_key(devices),
-                                                 collectives.communication_hint(devices))
+                                                 collectives.communication_hint(devices), statistics)
                 graph_defs[s] = synced.stage
                 self._keys_per_clone_group[s] = synced.num_keys
 

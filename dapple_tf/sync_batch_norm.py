@@ -1,8 +1,12 @@
 """Synchronized batch norm (build_pipeline(batch_norm="sync")): statistics over a stage's replicas.
 
 A replicated stage's clones each see a slice of the micro-batch. `rewrite` changes the stage's
-GraphDef (before it is cloned) so that every training-mode FusedBatchNorm* node normalizes with the
-statistics of the whole micro-batch: the node is replaced by plain ops that
+GraphDef (before it is cloned) so that every batch statistic (normalization.SampleAxes.batch_statistics,
+decided on the template graph by the axes the statistics reduce over: per-sample normalizations such as
+Keras 2's LayerNormalization, which also runs FusedBatchNormV3, are left alone) is the whole micro-batch's.
+A non-fused statistic (a Mean keeping dims over the batch axis: tf.nn.moments, so Keras 2 non-fused and
+Keras 3 BatchNormalization) becomes the all-reduced local sum over the all-reduced element count.
+A training-mode FusedBatchNorm* node is replaced by plain ops that
 1. all-reduce (sum across the stage's replicas) the per-channel sum of x and the element count,
    giving the micro-batch mean; then all-reduce the per-channel sum of (x - mean)^2, giving the
    biased variance (two passes, as the CPU kernel computes it);
@@ -20,15 +24,15 @@ base + 4k and base + 4k + 1 forward, and those plus GRADIENT_KEY_SHIFT backward.
 """
 
 import dataclasses
-from typing import Dict, Sequence
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 from dapple_tf import graph_defs as graph_defs_lib
 from dapple_tf.errors import DappleError
+from dapple_tf.normalization import TRAINING_NORMS, is_training_fused_norm as is_training_norm  # noqa: F401
 
-TRAINING_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 INSTANCE_BASE = "dapple_sync_batch_norm/instance_base"  # no node: every clone maps it (input_map) to its key
 KEYS_PER_NORM = 4
 GRADIENT_KEY_SHIFT = 2
@@ -45,13 +49,6 @@ def _cross_replica_sum_gradient(op, grad):
         communication_hint=op.get_attr("communication_hint").decode(),
     )
     return [summed] + [None] * (len(op.inputs) - 1)
-
-
-def is_training_norm(op) -> bool:
-    """A FusedBatchNorm* op (tf.Operation or NodeDef) computing batch statistics."""
-    if isinstance(op, tf.Operation):
-        return op.type in TRAINING_NORMS and op.get_attr("is_training")
-    return op.op in TRAINING_NORMS and ("is_training" not in op.attr or op.attr["is_training"].b)
 
 
 @dataclasses.dataclass
@@ -82,9 +79,7 @@ def _statistics_graph(node, group_size: int, group_key: int, hint: str, first_ke
         broadcast[channel] = -1
 
         def replicas_sum(value, key):
-            with graph.gradient_override_map({"CollectiveReduceV2": _GRADIENT}):
-                return collective_ops.all_reduce_v2(value, group_size, group_key, base + key, merge_op="Add",
-                                                    final_op="Id", communication_hint=hint)
+            return _replicas_sum(graph, value, group_size, group_key, base + key, hint)
 
         xu = tf.cast(x, u)
         count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), u)
@@ -109,20 +104,47 @@ def _statistics_graph(node, group_size: int, group_key: int, hint: str, first_ke
     return graph.as_graph_def()
 
 
-def _splice(out: tf.compat.v1.GraphDef, node, replacement: tf.compat.v1.GraphDef) -> None:
-    """Adds `replacement`'s nodes (named under node.name/dapple_sync/) fed by node's inputs, and turns
-    `node` into an IdentityN of the replacement's outputs."""
+def _reduction_graph(node, rank: int, axes: Tuple[int, ...], group_size: int, group_key: int, hint: str,
+                     first_key: int) -> tf.compat.v1.GraphDef:
+    """The replacement of a Mean keeping dims over `axes` (which include the batch axis): the sum and the
+    element count all-reduced over the replicas, divided; built on placeholders x, axes and INSTANCE_BASE."""
+    t = tf.dtypes.as_dtype(node.attr["T"].type)
+    u = tf.float32 if t in (tf.float16, tf.bfloat16) else t
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(t, [None] * rank, name="x")
+        tf.compat.v1.placeholder(tf.dtypes.as_dtype(node.attr["Tidx"].type), [None], name="axes")  # unused
+        base = tf.compat.v1.placeholder(tf.int32, [], name="instance_base")
+        local = tf.reduce_sum(tf.cast(x, u), list(axes), keepdims=True)
+        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), list(axes))), u)
+        flat = tf.concat([tf.reshape(local, [-1]), tf.reshape(count, [1])], 0)
+        summed = _replicas_sum(graph, flat, group_size, group_key, base + first_key, hint)
+        mean = summed[:-1] / summed[-1]
+        tf.identity(tf.cast(tf.reshape(mean, tf.shape(local)), t), name="y")
+    return graph.as_graph_def()
+
+
+def _replicas_sum(graph: tf.Graph, value, group_size: int, group_key: int, key, hint: str):
+    with graph.gradient_override_map({"CollectiveReduceV2": _GRADIENT}):
+        return collective_ops.all_reduce_v2(value, group_size, group_key, key, merge_op="Add", final_op="Id",
+                                            communication_hint=hint)
+
+
+def _splice(out: tf.compat.v1.GraphDef, node, replacement: tf.compat.v1.GraphDef, fed_names: Sequence[str],
+            results: Sequence[str], types: Sequence[int]) -> None:
+    """Adds `replacement`'s nodes (named under node.name/dapple_sync/), its placeholders `fed_names` fed by
+    node's data inputs in order, and turns `node` into an IdentityN of the replacement's `results`."""
     prefix = node.name + "/dapple_sync/"
     data_inputs = [i for i in node.input if not i.startswith("^")]
     control_inputs = [i for i in node.input if i.startswith("^")]
-    fed = dict(zip(("x", "scale", "offset", "mean", "variance"), data_inputs))
+    fed = dict(zip(fed_names, data_inputs))
     fed["instance_base"] = INSTANCE_BASE
 
     def renamed(reference: str) -> str:
         control = reference.startswith("^")
         name, _, port = reference.lstrip("^").partition(":")
         if name in fed:
-            return fed[name]
+            return ("^" + fed[name].partition(":")[0]) if control else fed[name]
         return ("^" if control else "") + prefix + name + (":" + port if port else "")
 
     for new in replacement.node:
@@ -133,19 +155,28 @@ def _splice(out: tf.compat.v1.GraphDef, node, replacement: tf.compat.v1.GraphDef
         added.name = prefix + new.name
         del added.input[:]
         added.input.extend(renamed(i) for i in new.input)
-    num_outputs = 6 if node.op == "FusedBatchNormV3" else 5
-    results = ["y", "batch_mean", "batch_variance", "saved_mean", "saved_variance", "saved_variance"][:num_outputs]
-    t, u = node.attr["T"].type, node.attr["U"].type if "U" in node.attr else node.attr["T"].type
     node.op = "IdentityN"
     node.attr.clear()
-    node.attr["T"].list.type.extend([t] + [u] * (num_outputs - 1))
+    node.attr["T"].list.type.extend(types)
     del node.input[:]
     node.input.extend([prefix + r for r in results] + control_inputs)
 
 
-def rewrite(stage: graph_defs_lib.StageGraphDef, index: int, devices: Sequence[str], group_key: int,
-            hint: str) -> SyncedStage:
-    """The stage with its training-mode fused batch norms synchronized across `devices`; see the module docstring."""
+def _splice_norm(out: tf.compat.v1.GraphDef, node, replacement: tf.compat.v1.GraphDef) -> None:
+    num_outputs = 6 if node.op == "FusedBatchNormV3" else 5
+    results = ["y", "batch_mean", "batch_variance", "saved_mean", "saved_variance", "saved_variance"][:num_outputs]
+    t, u = node.attr["T"].type, node.attr["U"].type if "U" in node.attr else node.attr["T"].type
+    _splice(out, node, replacement, ("x", "scale", "offset", "mean", "variance"), results,
+            [t] + [u] * (num_outputs - 1))
+
+
+def rewrite(stage: graph_defs_lib.StageGraphDef, index: int, devices: Sequence[str], group_key: int, hint: str,
+            statistics: Optional[Mapping[str, Optional[Tuple[int, Tuple[int, ...]]]]] = None) -> SyncedStage:
+    """The stage with its batch statistics synchronized across `devices`; see the module docstring.
+
+    statistics: the nodes to synchronize (batch_norm.prepare, from the template graph): a fused norm's name ->
+    None, a Mean's name -> (rank of its input, its reduction axes). None: every training-mode fused norm
+    (the behaviour before statistics were told apart by their axes)."""
     for function in stage.graph_def.library.function:
         inner = [n.name for n in function.node_def if is_training_norm(n)]
         if inner:
@@ -157,16 +188,24 @@ def rewrite(stage: graph_defs_lib.StageGraphDef, index: int, devices: Sequence[s
     out = tf.compat.v1.GraphDef()
     out.CopyFrom(stage.graph_def)
     names = {n.name for n in out.node}
-    norms = [n for n in out.node if is_training_norm(n)]
-    if not norms:
+    if statistics is None:
+        statistics = {n.name: None for n in out.node if is_training_norm(n)}
+    nodes = [n for n in out.node if n.name in statistics]
+    if not nodes:
         return SyncedStage(stage, 0)
     if INSTANCE_BASE in names:
         raise DappleError(f"stage {index} already has an operation named {INSTANCE_BASE}")
-    _check_reserve_spaces_unused(out, {n.name for n in norms}, index)
-    for k, node in enumerate(norms):
-        _splice(out, node, _statistics_graph(node, len(devices), group_key, hint, KEYS_PER_NORM * k))
+    _check_reserve_spaces_unused(out, {n.name for n in nodes if is_training_norm(n)}, index)
+    for k, node in enumerate(nodes):
+        reduction = statistics[node.name]
+        if reduction is None:
+            _splice_norm(out, node, _statistics_graph(node, len(devices), group_key, hint, KEYS_PER_NORM * k))
+        else:
+            rank, axes = reduction
+            replacement = _reduction_graph(node, rank, axes, len(devices), group_key, hint, KEYS_PER_NORM * k)
+            _splice(out, node, replacement, ("x", "axes"), ["y"], [node.attr["T"].type])
     result = graph_defs_lib.StageGraphDef(out, stage.function_names, stage.seeded)
-    return SyncedStage(result, KEYS_PER_NORM * len(norms))
+    return SyncedStage(result, KEYS_PER_NORM * len(nodes))
 
 
 def _check_reserve_spaces_unused(graph_def, norm_names, index: int) -> None:

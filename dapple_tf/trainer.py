@@ -3,13 +3,16 @@
     trainer = dapple_tf.Trainer(model_fn, input_fn, optimizer, plan, model_dir="run1")
     result = trainer.train(steps=1000)      # resumes from model_dir's latest checkpoint
 
-`input_fn(step)` returns (features, labels) for the global batch of the step about to run (`step` is
-the int64 global step): a function of the step alone makes a resumed run see exactly the batches an
-uninterrupted one would. The loop runs in a `SingularMonitoredSession` (restore, init, local init
-and broadcast of the variable copies, hooks), on this process's devices or on a TF cluster
-(`cluster=TFCluster`: the session runs on worker task 0 and every operation is bounded by
-`failure_timeout_s`). MonitoredTrainingSession is not used because it silently re-creates the
-session after UnavailableError, which turns a dead worker into a retry loop instead of an error.
+`input_fn(step, batch_size)` returns (features, labels), numpy arrays or tensors, for the global batch
+of the step about to run (dapple_tf/inputs.py: the contract dapple_profile, dapple_train and
+`inputs.estimator_input_fn` share; `batch_size` is `Trainer(batch_size=...)`, else the plan's global
+batch; the older `input_fn(step)`, with `step` the int64 global step tensor, still works): a function
+of the step alone makes a resumed run see exactly the batches an uninterrupted one would. The loop
+runs in a `SingularMonitoredSession` (restore, init, local init and broadcast of the variable
+copies, hooks), on this process's devices or on a TF cluster (`cluster=TFCluster`: the session
+runs on worker task 0 and every operation is bounded by `failure_timeout_s`).
+MonitoredTrainingSession is not used because it silently re-creates the session after
+UnavailableError, which turns a dead worker into a retry loop instead of an error.
 On a cluster a watchdog thread probes every task while training (watchdog.py): a lost task, the
 session target included (whose death no timeout of the session would end), ends the process
 with the same error, naming the task, within seconds (a dead process) or `failure_timeout_s` (one
@@ -28,6 +31,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 import tensorflow as tf
 
+from dapple_tf import inputs
 from dapple_tf.cluster import ClusterError, TFCluster, failed_tasks, session_config
 from dapple_tf.errors import DappleError
 from dapple_tf.layers import LayerRecorder
@@ -77,8 +81,11 @@ class Trainer:
                  hooks: Sequence[tf.compat.v1.train.SessionRunHook] = (), *, schedule: Optional[str] = None,
                  eval_input_fn: Optional[Callable] = None, cluster: Optional[TFCluster] = None,
                  options: Optional[TrainerOptions] = None, config: Optional[tf.compat.v1.ConfigProto] = None,
-                 log=None, horovod=None, batch_norm: str = "per_slice", simulated=None):
-        """simulated: the planner's SimulationResult of this plan, drawn under the traced step's timeline."""
+                 log=None, horovod=None, batch_norm: str = "per_slice", simulated=None,
+                 batch_size: Optional[int] = None, layers=None):
+        """simulated: the planner's SimulationResult of this plan, drawn under the traced step's timeline.
+        batch_size: what a two-argument input_fn(step, batch_size) gets (default: the plan's global batch).
+        layers: build_pipeline's (None: dapple_tf.layer markers; dapple_tf.layers_by_scope(...))."""
         self.model_fn, self.input_fn, self.plan = model_fn, input_fn, plan
         self.optimizer = optimizer
         self.model_dir, self.hooks, self.schedule = model_dir, list(hooks), schedule
@@ -89,6 +96,8 @@ class Trainer:
         self.batch_norm = batch_norm  # build_pipeline's batch_norm
         self.simulated = simulated
         self.log = log or (lambda text: print(text, flush=True))
+        self.batch_size = batch_size or getattr(plan, "global_batch_size", None) or None
+        self.layers = layers
         if self.options.eval_every and eval_input_fn is None:
             raise DappleError("eval_every needs an eval_input_fn (held-out data)")
 
@@ -112,13 +121,15 @@ class Trainer:
             if self.options.seed is not None:
                 tf.compat.v1.set_random_seed(self.options.seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
-            features, labels = self.input_fn(global_step.read_value())
+            features, labels = self._batch(self.input_fn, global_step)
             if self.horovod is not None:
                 handle = self.horovod.build(self.model_fn, features, labels, self._optimizer(),
-                                            schedule=self.schedule, global_step=global_step, batch_norm=self.batch_norm)
+                                            schedule=self.schedule, global_step=global_step, batch_norm=self.batch_norm,
+                                            layers=self.layers)
             else:
                 handle = build_pipeline(self.model_fn, features, labels, self._optimizer(), self.plan,
-                                        schedule=self.schedule, global_step=global_step, batch_norm=self.batch_norm)
+                                        schedule=self.schedule, global_step=global_step, batch_norm=self.batch_norm,
+                                        layers=self.layers)
             eval_loss = self._eval_loss(graph, global_step) if self.eval_input_fn else None
             batch = _batch_size(features)
             saver = tf.compat.v1.train.Saver(max_to_keep=self.options.keep_checkpoints)
@@ -153,7 +164,7 @@ class Trainer:
         before = set(tf.compat.v1.global_variables())
         with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True), \
                 LayerRecorder(graph).activate(), tf.name_scope("dapple_eval"):
-            features, labels = self.eval_input_fn(global_step.read_value())
+            features, labels = self._batch(self.eval_input_fn, global_step)
             loss = tf.convert_to_tensor(self.model_fn(features, labels))
         created = [v.op.name for v in tf.compat.v1.global_variables() if v not in before]
         if created:
@@ -162,6 +173,16 @@ class Trainer:
                 "variables, so model_fn must create them with tf.compat.v1.get_variable"
             )
         return loss
+
+    def _batch(self, input_fn, global_step):
+        """input_fn's batch for the step about to run (dapple_tf/inputs.py)."""
+        first = len(tf.compat.v1.get_default_graph().get_operations())
+        batch = inputs.batch_tensors(input_fn, global_step.read_value(), self.batch_size, legacy="step")
+        if self.cluster is not None and any(op.type == "PyFunc"
+                                            for op in tf.compat.v1.get_default_graph().get_operations()[first:]):
+            raise DappleError(f"{inputs.describe(input_fn)} returns numpy arrays, which only the process running the "
+                              "session can call; on a TF cluster return tensors (TF ops on `step`, tf.constant)")
+        return batch
 
     def _watchdog(self, progress):
         """On a cluster, a TaskWatchdog that ends this process when a task is lost (watchdog.py)."""

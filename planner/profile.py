@@ -10,7 +10,8 @@ PipeDream text grammar (one item per line, blank lines ignored):
         activation_size=<bytes | [a; b; ...]>, parameter_size=<bytes>[ -- stage_id=<int>]
     <whitespace><src_id> -- <dst_id>
 
-Values are read by position (like PipeDream's graph.py). Times are milliseconds for the whole
+Values are read by position (like PipeDream's graph.py); the four metric keys must all be there, in
+this order (a line missing a field is an error naming the file and line). Times are milliseconds for the whole
 profile batch, whose size is given by the caller, else the `# batch_size=` header, else the file name
 (`-pbs-32`, as PipeDream's own profiles); a header and a file name that disagree are an error. The
 model name comes from the `# model_name=` header, else the file name. (PipeDream's own parser does
@@ -88,6 +89,13 @@ def _parse_node(line: str, path: str, line_no: int):
         raise ProfileError(
             f"{path}:{line_no}: expected 4 comma-separated key=value metrics "
             f"({', '.join(_METRIC_KEYS)}), got {parts[-1].strip()!r}"
+        )
+    keys = [m.split("=", 1)[0].strip() for m in metrics]
+    if keys != list(_METRIC_KEYS):
+        missing = [k for k in _METRIC_KEYS if k not in keys]
+        raise ProfileError(
+            f"{path}:{line_no}: expected the metrics {', '.join(_METRIC_KEYS)} in this order"
+            + (f"; missing {', '.join(missing)}" if missing else "") + f", got {parts[-1].strip()!r}"
         )
     values = [m.split("=", 1)[1].strip() for m in metrics]
     fwd = _number(values[0], path, line_no, _METRIC_KEYS[0])

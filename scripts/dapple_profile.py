@@ -16,16 +16,17 @@ import time
 
 from absl import flags
 
+from scripts import user_model
 from scripts.cli import run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Reference model name (see models/): mlp, vgg19, resnet50, bert, gnmt.")
 flags.DEFINE_string("model_fn", None, "Your own model instead: package.module:function (model_fn(features, labels)).")
-flags.DEFINE_string("input_fn", None, "With --model_fn: package.module:function, input_fn(batch_size) -> (features, labels).")
+flags.DEFINE_string("input_fn", None, "With --model_fn: package.module:function, input_fn(step, batch_size) -> "
+                    "(features, labels), numpy arrays or tensors (dapple_tf/inputs.py; input_fn(batch_size) also works).")
 flags.DEFINE_string("features", None, "With --model_fn, instead of --input_fn: DTYPE:SHAPE of one sample, e.g. float32:32,32,3.")
 flags.DEFINE_string("labels", None, "With --model_fn, instead of --input_fn: DTYPE:SHAPE[:MAX], e.g. int32::10.")
-flags.DEFINE_integer("scope_depth", None, "Layers = the model's name scopes at this depth (dapple_tf.layers_by_scope).")
-flags.DEFINE_list("scope_patterns", None, "Layers = the name scopes matching these patterns (dapple_tf.layers_by_scope).")
+user_model.define_scope_flags()
 flags.DEFINE_string("model_name", None, "Model name in the profile (default: the model's).")
 flags.DEFINE_enum("config", "tiny", ["tiny", "paper"], "Model size: tiny (tests) or paper (the paper's sizes).")
 flags.DEFINE_string("model_flags", "", "Config overrides, key=value,... (lists as a:b:c), e.g. hidden=128:128.")
@@ -57,8 +58,6 @@ def main(argv):
     import models
     import profiler
     from profiler.io import check_writable
-
-    from scripts import user_model
 
     layers = user_model.scope_layers(FLAGS.scope_depth, FLAGS.scope_patterns)
     if FLAGS.model_fn:

@@ -17,17 +17,23 @@ With --backend=horovod (under horovodrun) every process trains the --plan (from 
 --num_devices virtual CPUs, on its slice of the global batch; gradients are averaged across processes
 by Horovod, rank 0 writes checkpoints and logs.
 
-A user's --model_fn(features, labels) returns the loss (layers marked with dapple_tf.layer);
---input_fn(step, batch_size) returns (features, labels) tensors of the global batch for `step` (an
-int64 tensor): a function of the step alone makes a resumed run continue exactly. Flags can come
-from a file: --flagfile=train.flags.
+A user's --model_fn(features, labels) returns the loss, its layers marked with dapple_tf.layer or,
+for a model without markers (Keras layers, tf-slim nets), cut by its name scopes: --scope_depth=N or
+--scope_patterns=... (dapple_tf.layers_by_scope, as dapple_profile's). --input_fn(step, batch_size)
+returns (features, labels) of the global batch for `step`, numpy arrays or tensors (the contract of
+dapple_tf/inputs.py, shared with dapple_profile and dapple_tf.Trainer): a function of the step alone
+makes a resumed run continue exactly. The module must be importable: run from its folder or put the
+folder on PYTHONPATH. Flags can come from a file: --flagfile=train.flags.
+
+  dapple_train --model_fn=my_net:model_fn --input_fn=my_net:input_fn --scope_depth=1 \
+      --global_batch_size=32 --steps=100        # a Keras model, no markers
 """
 
-import importlib
 import os
 
 from absl import flags
 
+from scripts import user_model
 from scripts.cli import run_main, split_cpu
 
 FLAGS = flags.FLAGS
@@ -35,7 +41,9 @@ flags.DEFINE_string("model", None, "Reference model (mlp, vgg19, resnet50, bert,
 flags.DEFINE_string("config", "tiny", "Reference model config: tiny or paper.")
 flags.DEFINE_string("model_flags", "", "Reference model overrides, key=value,key=value.")
 flags.DEFINE_string("model_fn", None, "A user's model: package.module:function(features, labels) -> loss.")
-flags.DEFINE_string("input_fn", None, "A user's input: package.module:function(step, batch_size) -> (features, labels).")
+flags.DEFINE_string("input_fn", None, "A user's input: package.module:function(step, batch_size) -> "
+                    "(features, labels), numpy arrays or tensors (dapple_tf/inputs.py).")
+user_model.define_scope_flags()
 flags.DEFINE_string("eval_input_fn", None, "Held-out input for --model_fn, same signature as --input_fn.")
 flags.DEFINE_string("plan", None, "Plan file from dapple_plan (default: profile and plan here).")
 flags.DEFINE_string("profile", None, "Profile file to plan from (default: profile the model here).")
@@ -68,20 +76,6 @@ flags.DEFINE_integer("trace_step", 5, "With --trace: which step of this run to t
 flags.DEFINE_float("worker_wait_timeout", 60, "On a cluster: how long to wait for the workers to come up (s).")
 
 
-def load_function(text, flag):
-    """'package.module:function' -> the function."""
-    module, sep, name = (text or "").partition(":")
-    if not sep or not module or not name:
-        raise ValueError(f"--{flag}={text!r}: expected package.module:function")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--{flag}={text!r}: {e}") from None
-    if not callable(fn):
-        raise ValueError(f"--{flag}={text!r} is not a function")
-    return fn
-
-
 def model_and_inputs(batch_size):
     """(model_fn, input_fn(step), eval_input_fn(step) or None, name) from the flags."""
     if FLAGS.model:
@@ -90,14 +84,16 @@ def model_and_inputs(batch_size):
         spec = models.get_model(FLAGS.model, FLAGS.config, **models.parse_model_flags(FLAGS.model_flags))
         return (spec.model_fn, spec.step_input_fn(batch_size, FLAGS.seed),
                 spec.step_input_fn(batch_size, FLAGS.seed + 1), FLAGS.model)
-    model_fn = load_function(FLAGS.model_fn, "model_fn")
-    user_input = load_function(FLAGS.input_fn, "input_fn")
-    user_eval = load_function(FLAGS.eval_input_fn, "eval_input_fn") if FLAGS.eval_input_fn else None
-    return (model_fn, lambda step: user_input(step, batch_size),
-            (lambda step: user_eval(step, batch_size)) if user_eval else None, FLAGS.model_fn)
+    from dapple_tf import inputs
+
+    model_fn = user_model.load_function(FLAGS.model_fn, "model_fn")
+    user_input = user_model.load_function(FLAGS.input_fn, "input_fn")
+    user_eval = user_model.load_function(FLAGS.eval_input_fn, "eval_input_fn") if FLAGS.eval_input_fn else None
+    return (model_fn, lambda step: inputs.batch_tensors(user_input, step, batch_size),
+            (lambda step: inputs.batch_tensors(user_eval, step, batch_size)) if user_eval else None, FLAGS.model_fn)
 
 
-def profile_here(model_fn, input_fn, batch_size, name):
+def profile_here(model_fn, input_fn, batch_size, name, layers=None):
     """Profiles model_fn on this process's first CPU at batch_size, on input_fn's batch for step 0."""
     import tensorflow as tf
 
@@ -110,7 +106,8 @@ def profile_here(model_fn, input_fn, batch_size, name):
     def make_inputs():
         return tf.nest.map_structure(lambda v: tf.compat.v1.placeholder(v.dtype, (batch_size,) + v.shape[1:]), values)
     print(f"profiling {name} layer by layer at batch {batch_size} on /device:CPU:0 ...", flush=True)
-    return profiler.profile_model(model_fn, make_inputs, values, batch_size, "/device:CPU:0", model_name=name)
+    return profiler.profile_model(model_fn, make_inputs, values, batch_size, "/device:CPU:0", model_name=name,
+                                  layers=layers)
 
 
 def planner_cluster(devices):
@@ -130,7 +127,7 @@ def planner_cluster(devices):
     return clusters.local_task_cluster(len(tasks), cpus)
 
 
-def make_plan(model_fn, input_fn, name, devices, batch_size):
+def make_plan(model_fn, input_fn, name, devices, batch_size, layers=None):
     """The plan (dapple_tf.Plan) from --plan, or from a profile and the DAPPLE planner, on the devices
     training runs on (`devices`, or this process's when None)."""
     import tensorflow as tf
@@ -154,7 +151,7 @@ def make_plan(model_fn, input_fn, name, devices, batch_size):
         if FLAGS.profile:
             profile = profiler.read_profile(FLAGS.profile)
         else:
-            profile = profile_here(model_fn, input_fn, max(1, batch_size // len(cluster.device_names)), name)
+            profile = profile_here(model_fn, input_fn, max(1, batch_size // len(cluster.device_names)), name, layers)
         proto = planner_api.plan(profile, cluster, batch_size, planner="dapple")
         print(summarize(proto), flush=True)
         simulated = simulate_plan(proto, profile) if FLAGS.trace else None
@@ -218,12 +215,13 @@ def main(argv):
     if not batch_size:
         raise ValueError("--global_batch_size is required (the plan file does not say it)")
     model_fn, input_fn, eval_input_fn, name = model_and_inputs(batch_size)
+    layers = user_model.scope_layers(FLAGS.scope_depth, FLAGS.scope_patterns)
     simulated = None
     if horovod:
         plan, global_input_fn = horovod.plan, input_fn
         input_fn = lambda step: horovod.local_slice(global_input_fn(step))  # noqa: E731
     else:
-        plan, simulated = make_plan(model_fn, input_fn, name, devices, batch_size)
+        plan, simulated = make_plan(model_fn, input_fn, name, devices, batch_size, layers)
     options = TrainerOptions(
         save_checkpoints_steps=FLAGS.save_checkpoints_steps, save_checkpoints_secs=FLAGS.save_checkpoints_secs,
         keep_checkpoints=FLAGS.keep_checkpoints, log_every=FLAGS.log_every, summary_every=FLAGS.summary_every,
@@ -234,7 +232,7 @@ def main(argv):
     trainer = Trainer(model_fn, input_fn, optimizer, plan, FLAGS.model_dir if lead else None, schedule=FLAGS.schedule,
                       eval_input_fn=eval_input_fn, cluster=cluster, options=options, config=config,
                       horovod=horovod, log=None if lead else (lambda text: None), batch_norm=FLAGS.batch_norm,
-                      simulated=simulated)
+                      simulated=simulated, layers=layers)
     where = f"{len(cluster.workers)} worker tasks" if cluster else f"{FLAGS.num_devices} virtual CPU devices"
     if horovod:
         where = f"{horovod.size} Horovod processes x {where}"

@@ -7,10 +7,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_program(name, *args, timeout=300):
-    """`python -m scripts.<name> args...` from the repository root; returns the CompletedProcess."""
+def run_program(name, *args, timeout=300, cwd=ROOT):
+    """`python -m scripts.<name> args...` from `cwd` (the repository root); returns the CompletedProcess."""
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run(
-        [sys.executable, "-m", f"scripts.{name}", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        [sys.executable, "-m", f"scripts.{name}", *args], cwd=cwd, env=env, capture_output=True, text=True,
         timeout=timeout,
     )

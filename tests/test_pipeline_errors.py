@@ -44,8 +44,11 @@ def test_index_out_of_range():
 
 
 def test_missing_device():
-    with pytest.raises(PlanError, match=r"devices \['/device:CPU:42'\] that this process does not have"):
+    with pytest.raises(PlanError, match=r"devices \['/device:CPU:42'\] that this process does not have") as error:
         build(stages=[(0, 1, [cpu(0)]), (2, 4, ["/cpu:42"])])
+    assert "To get them: dapple_train --num_devices=N" in str(error.value)  # how to get more devices
+    assert ("tf.config.set_logical_device_configuration(tf.config.list_physical_devices('CPU')[0], "
+            "[tf.config.LogicalDeviceConfiguration()] * N)") in str(error.value)
 
 
 def test_device_used_twice():

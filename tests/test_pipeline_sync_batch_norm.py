@@ -185,27 +185,52 @@ def update_op_reading_a_mean_model_fn(features, labels):
 
 
 @pytest.mark.parametrize("update_ops", [True, False])
-def test_sync_refuses_a_non_fused_batch_norm_in_a_replicated_stage(update_ops):
-    x, y = data(4)
+def test_sync_synchronizes_a_non_fused_batch_norm_in_a_replicated_stage(update_ops, recwarn):
+    """tf.nn.moments' means over the batch axis become all-reduced means: one device's training, M=1."""
+    x, y = data(7)  # slices of 4 and 3 samples
     stages = [("block1", "block1", [cpu(0), cpu(1)]), ("head", "head", [cpu(2)])]
     model_fn = lambda f, l: moments_model_fn(f, l, update_ops)  # noqa: E731
-    with pytest.raises(DappleError, match=r"batch_norm='sync' synchronizes fused batch norms \(FusedBatchNorm\*\) "
-                                          r"only, but stage 0, which is replicated, computes statistics over the batch "
-                                          r"in block1/moments/mean \(tf.nn.moments"):
-        pipelined(model_fn, x, y, stages, 0, batch_norm="sync")
-    # Not replicated: its statistics are the whole micro-batch's already.
-    pipelined(model_fn, x, y, [("block1", "block1", [cpu(0)]), ("head", "head", [cpu(1), cpu(2)])], 0,
-              batch_norm="sync")
+    want_weights, want_moving = reference(model_fn, x, y, 3, parts=1)
+    weights, moving = pipelined(model_fn, x, y, stages, 3, batch_norm="sync")
+    assert_close(want_weights, weights, rtol=2e-5, atol=2e-6)
+    assert_close(want_moving, moving, rtol=2e-5, atol=2e-6)
+    assert not [w for w in recwarn if issubclass(w.category, BatchNormWarning)]
+    with pytest.warns(BatchNormWarning, match=r"\(block1/moments/mean, block1/moments/variance\) normalizes each "
+                                              r"micro-batch slice"):
+        sliced_weights, _ = pipelined(model_fn, x, y, stages, 3)
+    assert max_difference(want_weights, sliced_weights) > 1e-2
 
 
 def test_sync_refuses_update_ops_reading_other_statistics_and_unknown_modes():
     x, y = data(4)
     stages = [("block1", "block1", [cpu(0), cpu(1)]), ("head", "head", [cpu(2)])]
     with pytest.raises(DappleError, match=r"but an update op reads block1/Mean:0 \(Mean\) from stage 0, which is "
-                                          r"replicated"):
+                                          r"replicated: it is computed from the replica's own slice, not from "
+                                          r"synchronized statistics") as refused:
         pipelined(update_op_reading_a_mean_model_fn, x, y, stages, 0, batch_norm="sync")
+    assert "4-D" not in str(refused.value) and "fused" in str(refused.value)
     with pytest.raises(DappleError, match=r"batch_norm must be one of \('per_slice', 'sync'\), got 'global'"):
         pipelined(conv_bn_model_fn, x, y, stages, 0, batch_norm="global")
+
+
+def summed_statistics_model_fn(features, labels):
+    """A batch mean written as a sum over the batch axis divided by the slice's own sample count."""
+    with dapple_tf.layer("block1"):
+        count = tf.cast(tf.shape(features)[0], tf.float32)
+        h = (features - tf.reduce_sum(features, [0], keepdims=True) / count) * _variable("gamma", [3], 0)
+    with dapple_tf.layer("head"):
+        logits = tf.matmul(tf.reshape(h, [-1, 12]), _variable("w", [12, 3], 1))
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def test_sync_refuses_a_sum_over_the_batch_in_a_replicated_stage():
+    x, y = data(4)
+    stages = [("block1", "block1", [cpu(0), cpu(1)]), ("head", "head", [cpu(2)])]
+    with pytest.raises(DappleError, match=r"but stage 0, which is replicated, sums over the batch in block1/Sum "
+                                          r"\(a Sum keeping dims\): what the sum is divided by cannot be told"):
+        pipelined(summed_statistics_model_fn, x, y, stages, 0, batch_norm="sync")
+    with pytest.warns(BatchNormWarning, match=r"\(block1/Sum\) normalizes each micro-batch slice"):
+        pipelined(summed_statistics_model_fn, x, y, stages, 0)
 
 
 def test_trainer_forwards_batch_norm_to_build_pipeline():

@@ -52,6 +52,13 @@ def test_stage_id_and_lists_round_trip():
      "t-pbs-2.txt:4: cycle: b -> a -> b"),
     (NODE.format("a", "x", 1, 1) + "\n" + NODE.format("a", "y", 1, 1) + "\n",
      "t-pbs-2.txt:2: node a defined twice (first on line 1)"),
+    # the last line lacks its final field (parameter_size), another field in its place
+    (NODE.format("a", "x", 1, 1) + "\nb -- y -- forward_compute_time=1, backward_compute_time=1, activation_size=4, "
+     "stage_id=1", "t-pbs-2.txt:2: expected the metrics forward_compute_time, backward_compute_time, activation_size, "
+     "parameter_size in this order; missing parameter_size, got"),
+    (NODE.format("a", "x", 1, 1) + "\nb -- y -- forward_compute_time=1, backward_compute_time=1, parameter_size=4, "
+     "activation_size=4\n", "t-pbs-2.txt:2: expected the metrics forward_compute_time, backward_compute_time, "
+     "activation_size, parameter_size in this order, got"),
 ])
 def test_errors(text, message):
     with pytest.raises(ProfileError) as e:
