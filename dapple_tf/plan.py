@@ -154,7 +154,7 @@ class Plan:
             warmup=warmup if explicit and warmup else None,
             expected_layer_names=expected if any(expected) else None,
             source=source,
-            schedule_kind={plan_pb2.DAPPLE: "dapple", plan_pb2.GPIPE: "gpipe"}.get(proto.schedule),
+            schedule_kind=schedule_lib.schedule_kind(proto.schedule),
             global_batch_size=proto.global_batch_size,
         )
 
@@ -209,10 +209,12 @@ class Plan:
         return tuple(resolved)
 
     def schedule(self, kind: str = "dapple") -> schedule_lib.Schedule:
-        """The per-stage task order for `kind` ("dapple" or "gpipe")."""
+        """The per-stage task order for `kind` (planner.schedule.SCHEDULE_KINDS); the warm-up policy and
+        counts are DAPPLE's (the other kinds set their own)."""
         try:
             return schedule_lib.build_schedule(
-                len(self.stages), self.num_micro_batches, kind=kind, policy=self.policy, warmup=self.warmup
+                len(self.stages), self.num_micro_batches, kind=kind, policy=self.policy,
+                warmup=self.warmup if kind in ("dapple", "zb-h1") else None,
             )
         except schedule_lib.ScheduleError as e:
             raise PlanError(f"{self.source}: {e}") from e

@@ -408,8 +408,13 @@ class StageBuilder:
     # -- schedule --------------------------------------------------------------------------
     def chain(self, schedule: Schedule) -> None:
         self.task_ops.release_forward_inputs()
-        for (s, m, j), (input_grads, weight_grads, device) in self._gradient_split.items():
-            self.task_ops.input_gradients_first((Task(s, BACKWARD, m), j), input_grads, weight_grads, device)
+        if schedule.splits_backward:  # B and W are tasks of their own (zero bubble)
+            for key in [key for key in self.task_ops.ops if key[0].kind == BACKWARD]:
+                input_grads = self._gradient_split.get((key[0].stage, key[0].micro_batch, key[1]), ((),))[0]
+                self.task_ops.split_weight_task(key, input_grads)
+        else:
+            for (s, m, j), (input_grads, weight_grads, device) in self._gradient_split.items():
+                self.task_ops.input_gradients_first((Task(s, BACKWARD, m), j), input_grads, weight_grads, device)
         for s, stage in enumerate(self.template.stages):
             for j, device in enumerate(stage.stage.devices):
                 tasks.chain(self.task_ops, schedule.stage_tasks[s], j, device)

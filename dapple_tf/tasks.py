@@ -8,6 +8,9 @@ control input on the previous task's completion marker, a NoOp that waits for al
 waits for before the weight gradients, which nobody waits for until the AllReduce and apply step
 (zero-bubble pipelines' B/W split, inside one task): on a device that runs one op at a time, the
 previous stage starts its backward after this task's B part instead of after all of it.
+`split_weight_task` makes that W part a task of its own, for schedules that place W elsewhere (zero
+bubble): the operations the input gradients need stay in the B task, every other operation of the
+backward (weight gradients, their accumulation) moves to the W task, so no operation runs twice.
 """
 
 import contextlib
@@ -17,7 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 import tensorflow as tf
 
 from dapple_tf.graph_walk import ancestors_within
-from planner.schedule import FORWARD, Task
+from planner.schedule import FORWARD, WEIGHT, Task
 
 TaskKey = Tuple[Task, int]  # (task, replica)
 
@@ -72,6 +75,17 @@ class TaskOps:
             # entry ops wait instead
             if not any(t.op in weight_only for t in op.inputs) and op._control_flow_context is None:  # pylint: disable=protected-access
                 op._add_control_inputs([inputs_done])  # pylint: disable=protected-access
+
+    def split_weight_task(self, key: TaskKey, input_grads: Sequence[tf.Tensor]) -> None:
+        """Moves the operations of backward task `key` that its input gradients do not need into its W task
+        (all of them when it sends no input gradient: the first stage)."""
+        ops = self.ops.get(key, [])
+        needed = ancestors_within([g.op for g in input_grads], set(ops)) if input_grads else set()
+        task, replica = key
+        self.ops[key] = [op for op in ops if op in needed]
+        self.ops[(Task(task.stage, WEIGHT, task.micro_batch), replica)] = [op for op in ops if op not in needed]
+        if self.ops[key]:
+            self.input_gradient_ops[key] = list(self.ops[key])
 
     def names(self, ops_of: Dict[TaskKey, List[tf.Operation]] = None) -> Dict[TaskKey, Tuple[str, ...]]:
         """Names of each task's operations (or of `ops_of`'s)."""

@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from dapple_tf.replicas import canonical_device
 from planner import gantt as gantt_lib, trace as trace_lib
-from planner.schedule import FORWARD
+from planner.schedule import FORWARD, WEIGHT
 from planner.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER, KIND_SEND_ACTIVATION,
                                KIND_SEND_GRADIENT, KIND_WEIGHT, Event, SimulationResult, StageCost)
 
@@ -94,8 +94,9 @@ def _task_spans(handle, ops):
             if not span:
                 continue
             resource = f"stage{stage.index}"
-            if task.kind == FORWARD:
-                out.append((KIND_FORWARD, stage.index, task.micro_batch, span, resource))
+            if task.kind in (FORWARD, WEIGHT):  # a W task of its own: zero-bubble schedules
+                out.append((KIND_FORWARD if task.kind == FORWARD else KIND_WEIGHT, stage.index, task.micro_batch,
+                            span, resource))
                 continue
             # the input gradients' operations (tasks.input_gradients_first) are B; what follows them is W
             b_names = getattr(handle, "input_gradient_op_names", {}).get((device, task, 0), ())

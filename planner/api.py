@@ -31,6 +31,7 @@ from planner.memory_model import LOWER_BOUND_NOTE, MemoryInputError, parse_size
 from planner.plan_eval import Estimate, Options, evaluate, single_device_ms, to_plan
 from planner.model_profile import ModelProfile
 from planner.profile import LayerCostProfile
+from planner.schedule import SCHEDULE_KINDS
 from planner.schemas import plan_pb2
 
 PLANNERS = ("dapple", "dp", "dp_overlap", "straight", "gpipe", "pipedream")
@@ -137,6 +138,9 @@ def _options(kwargs) -> Options:
         if not hasattr(opts, key):
             raise PlanningError(f"unknown planner option {key!r}")
         setattr(opts, key, value)
+    unknown = [kind for kind in opts.schedules if kind not in SCHEDULE_KINDS]
+    if unknown or not opts.schedules:
+        raise PlanningError(f"unknown schedules {unknown}; expected some of {', '.join(SCHEDULE_KINDS)}")
     if opts.select not in SELECTIONS:
         raise PlanningError(f"unknown selection {opts.select!r}; expected one of {', '.join(SELECTIONS)}")
     if isinstance(opts.profile_memory, str):
@@ -284,6 +288,7 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", sim
     With `simulate`, each plan's simulated_iteration_ms is filled by planner/simulator.py (the
     analytic estimated_iteration_ms and its Tw/Ts/Te stay the paper's formula 2).
     Raises PlanningError when the requested single planner has no feasible plan."""
+    from planner.schedule_choice import weigh_schedules  # pylint: disable=import-outside-toplevel
     from planner.sim_adapter import disagreement_text, simulate_plan  # pylint: disable=import-outside-toplevel
 
     out = plan_estimates(profile, cluster, global_batch_size, planner, **options)
@@ -306,6 +311,9 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", sim
                 note = disagreement_text(plans[name], result) if name == "dapple" else ""
                 if note:
                     warnings.warn(f"{model.name}: the chosen plan's {note}", SimulationDisagreement, stacklevel=2)
+            if name == "dapple" and len(out["options"].schedules) > 1:
+                weigh_schedules(plans[name], model, out["options"].schedules,
+                                link_contention=out["options"].link_contention)
         else:
             if planner != "all":
                 raise PlanningError(f"{name}: {r}")

@@ -37,6 +37,9 @@ class Options:
     # Re-computation: None lets the DAPPLE planner choose (a second search with every stage
     # recomputing; kept when it is feasible and has a lower L); True / False force it.
     recompute: Optional[bool] = None
+    # The schedules the chosen DAPPLE plan is simulated under, the fastest that fits being written into
+    # the plan (planner/schedule_choice.py); ("dapple",) keeps the paper's early backward.
+    schedules: Sequence[str] = ("dapple", "zb-h1", "zb-h2")
 
 
 @dataclasses.dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Dict
 
+from planner import schedule_choice
 from planner.schemas import plan_pb2
 
 GIB = float(1 << 30)
@@ -51,9 +52,13 @@ def summarize(plan: plan_pb2.Plan) -> str:
         f"  speedup: {plan.speedup_over_single_device:.2f}x over one device, "
         f"{plan.speedup_over_data_parallel:.2f}x over data parallelism; ACR {plan.activation_communication_ratio:.2f}; "
         f"peak device memory {peak / GIB:.2f} GiB")
-    if plan.simulated_iteration_ms > 0:
-        diff = plan.simulated_iteration_ms / plan.estimated_iteration_ms - 1
-        lines.append(f"  analytic {plan.estimated_iteration_ms:.2f} ms vs simulated {plan.simulated_iteration_ms:.2f} ms "
+    if plan.schedule_estimates:
+        lines.append("  schedules, simulated with the same stage costs:\n" + schedule_choice.describe(plan))
+    simulated = next((e.simulated_iteration_ms for e in plan.schedule_estimates if e.schedule == plan_pb2.DAPPLE),
+                     plan.simulated_iteration_ms)  # the analytic L is DAPPLE's schedule's
+    if simulated > 0:
+        diff = simulated / plan.estimated_iteration_ms - 1
+        lines.append(f"  analytic {plan.estimated_iteration_ms:.2f} ms vs simulated {simulated:.2f} ms "
                      f"({diff:+.1%}; planner/simulator.py: pivot waits, optimizer step)")
     return "\n".join(lines)
 

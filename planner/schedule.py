@@ -11,13 +11,21 @@ is what is built.
 
 Kinds:
 - "gpipe": every stage runs all M forwards, then all M backwards (GPipe).
+- "zb-h1", "zb-h2": zero bubble (planner/zero_bubble.py): each backward split into B (the input
+  gradients the previous stage waits for) and W (the weight gradients), W placed to fill bubbles.
+
+    >>> print(build_schedule(2, 4, "zb-h1"))
+    zb-h1 schedule, S=2 stages, M=4 micro-batches, K=[2, 1]
+    stage 0: F0 F1 B0 W0 B1 F2 W1 F3 B2 W2 B3 W3
+    stage 1: F0 B0 F1 B1 W0 W1 F2 B2 F3 B3 W2 W3
+
 - "dapple": early backward (DAPPLE paper section 5.3): stage i first injects K_i forwards,
   then strictly alternates one backward and one forward, then drains the backwards.
   K_i comes from policy "A" (K_i = min(S - i, D)), policy "B" (K_i = min(2(S - i) - 1, D)),
   or is given explicitly. D caps the in-flight micro-batches (memory); it defaults to M.
 
-Dependencies: F(s, m) needs F(s-1, m); B(s, m) needs F(s, m) and B(s+1, m). Every replica of a
-stage runs its stage's order.
+Dependencies: F(s, m) needs F(s-1, m); B(s, m) needs F(s, m) and B(s+1, m); W(s, m) needs B(s, m).
+In a schedule without W tasks a B is the whole backward. Every replica of a stage runs its stage's order.
 """
 
 from __future__ import annotations
@@ -25,10 +33,31 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence, Tuple
 
+from planner import zero_bubble
+
 FORWARD = "F"
 BACKWARD = "B"
-SCHEDULE_KINDS = ("dapple", "gpipe")
+WEIGHT = "W"
+SCHEDULE_KINDS = ("dapple", "gpipe") + zero_bubble.KINDS
 POLICIES = ("A", "B")
+
+
+_PROTO_NAMES = {"dapple": "DAPPLE", "gpipe": "GPIPE", "zb-h1": "ZB_H1", "zb-h2": "ZB_H2"}
+
+
+def schedule_enum(kind: str) -> int:
+    """The plan file's Schedule value (planner/plan.proto) of a schedule kind."""
+    from planner.schemas import plan_pb2
+
+    return plan_pb2.Schedule.Value(_PROTO_NAMES[kind])
+
+
+def schedule_kind(value: int) -> Optional[str]:
+    """The schedule kind of a plan file's Schedule value; None for SCHEDULE_UNSPECIFIED."""
+    from planner.schemas import plan_pb2
+
+    name = plan_pb2.Schedule.Name(value)
+    return next((kind for kind, proto_name in _PROTO_NAMES.items() if proto_name == name), None)
 
 
 class ScheduleError(ValueError):
@@ -37,10 +66,11 @@ class ScheduleError(ValueError):
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Task:
-    """One forward or backward pass of one micro-batch on one stage."""
+    """One forward, backward (or its input-gradient part) or weight-gradient pass of one micro-batch
+    on one stage."""
 
     stage: int
-    kind: str  # FORWARD or BACKWARD
+    kind: str  # FORWARD, BACKWARD or WEIGHT
     micro_batch: int
 
     def __str__(self) -> str:
@@ -50,6 +80,8 @@ class Task:
         """The tasks of other stages, and this stage's own forward, that must finish first."""
         if self.kind == FORWARD:
             return (Task(self.stage - 1, FORWARD, self.micro_batch),) if self.stage > 0 else ()
+        if self.kind == WEIGHT:
+            return (Task(self.stage, BACKWARD, self.micro_batch),)
         deps = [Task(self.stage, FORWARD, self.micro_batch)]
         if self.stage + 1 < num_stages:
             deps.append(Task(self.stage + 1, BACKWARD, self.micro_batch))
@@ -69,6 +101,11 @@ class Schedule:
     def num_stages(self) -> int:
         return len(self.stage_tasks)
 
+    @property
+    def splits_backward(self) -> bool:
+        """True when backwards are B (input gradients) and W (weight gradients) tasks of their own."""
+        return any(task.kind == WEIGHT for tasks in self.stage_tasks for task in tasks)
+
     def __str__(self) -> str:
         lines = [
             f"{self.kind} schedule, S={self.num_stages} stages, "
@@ -79,10 +116,12 @@ class Schedule:
         return "\n".join(lines)
 
     def in_flight(self, stage: int) -> Tuple[int, ...]:
-        """Micro-batches whose activations are alive on `stage` after each of its tasks."""
+        """Micro-batches whose activations are alive on `stage` after each of its tasks (until the
+        backward, or until W where backwards are split)."""
+        release = WEIGHT if self.splits_backward else BACKWARD
         count, counts = 0, []
         for task in self.stage_tasks[stage]:
-            count += 1 if task.kind == FORWARD else -1
+            count += {FORWARD: 1, release: -1}.get(task.kind, 0)
             counts.append(count)
         return tuple(counts)
 
@@ -120,21 +159,21 @@ class Schedule:
         return tuple(order)
 
     def validate(self) -> None:
-        """Checks every stage runs each F and B exactly once, F before B, and no deadlock."""
+        """Checks every stage runs each F and B (and W, where backwards are split) exactly once, F before
+        B before W, and no deadlock."""
         m = self.num_micro_batches
+        kinds = (FORWARD, BACKWARD, WEIGHT) if self.splits_backward else (FORWARD, BACKWARD)
         for s, tasks in enumerate(self.stage_tasks):
-            expected = {Task(s, k, i) for k in (FORWARD, BACKWARD) for i in range(m)}
+            expected = {Task(s, k, i) for k in kinds for i in range(m)}
             if len(tasks) != len(expected) or set(tasks) != expected:
-                raise ScheduleError(
-                    f"stage {s} must run F0..F{m - 1} and B0..B{m - 1} exactly once, got "
-                    + " ".join(str(t) for t in tasks)
-                )
-            seen_forward = set()
+                names = " and ".join(f"{k}0..{k}{m - 1}" for k in kinds)
+                raise ScheduleError(f"stage {s} must run {names} exactly once, got " + " ".join(str(t) for t in tasks))
+            seen = set()
             for task in tasks:
-                if task.kind == FORWARD:
-                    seen_forward.add(task.micro_batch)
-                elif task.micro_batch not in seen_forward:
-                    raise ScheduleError(f"stage {s}: {task} runs before F{task.micro_batch}")
+                before = {BACKWARD: FORWARD, WEIGHT: BACKWARD}.get(task.kind)
+                if before and (before, task.micro_batch) not in seen:
+                    raise ScheduleError(f"stage {s}: {task} runs before {before}{task.micro_batch}")
+                seen.add((task.kind, task.micro_batch))
         self.execution_order()
 
 
@@ -168,6 +207,15 @@ def _dapple_order(stage: int, num_micro_batches: int, warmup: int) -> Tuple[Task
     return tuple(tasks)
 
 
+def _checked_warmup(warmup: Sequence[int], num_stages: int) -> Tuple[int, ...]:
+    k = tuple(int(x) for x in warmup)
+    if len(k) != num_stages:
+        raise ScheduleError(f"got {len(k)} warm-up counts for {num_stages} stages")
+    if any(x < 1 for x in k):
+        raise ScheduleError(f"warm-up counts must be >= 1, got {list(k)}")
+    return k
+
+
 def build_schedule(
     num_stages: int,
     num_micro_batches: int,
@@ -187,7 +235,16 @@ def build_schedule(
     if num_stages < 1:
         raise ScheduleError(f"a pipeline needs at least one stage, got {num_stages}")
     m = num_micro_batches
-    if kind == "gpipe":
+    if kind in zero_bubble.KINDS:
+        if warmup is not None and kind != "zb-h1":
+            raise ScheduleError(f"{kind} sets its own warm-up; explicit warm-up counts are for 'dapple' and 'zb-h1'")
+        dapple_warmup = _checked_warmup(warmup, num_stages) if warmup is not None else warmup_counts(
+            num_stages, policy, max_in_flight)
+        forward_cap, live_cap = zero_bubble.caps(kind, dapple_warmup, max_in_flight)
+        orders = zero_bubble.stage_orders(num_stages, m, forward_cap, live_cap)
+        k = tuple(next((i for i, (kind_, _) in enumerate(order) if kind_ != FORWARD), m) for order in orders)
+        stage_tasks = tuple(tuple(Task(s, kind_, i) for kind_, i in order) for s, order in enumerate(orders))
+    elif kind == "gpipe":
         k = tuple([m] * num_stages)
         stage_tasks = tuple(
             tuple(Task(s, FORWARD, i) for i in range(m)) + tuple(Task(s, BACKWARD, i) for i in range(m))
@@ -195,11 +252,7 @@ def build_schedule(
         )
     else:
         if warmup is not None:
-            k = tuple(int(x) for x in warmup)
-            if len(k) != num_stages:
-                raise ScheduleError(f"got {len(k)} warm-up counts for {num_stages} stages")
-            if any(x < 1 for x in k):
-                raise ScheduleError(f"warm-up counts must be >= 1, got {list(k)}")
+            k = _checked_warmup(warmup, num_stages)
         else:
             k = warmup_counts(num_stages, policy, max_in_flight)
         stage_tasks = tuple(_dapple_order(s, m, k[s]) for s in range(num_stages))

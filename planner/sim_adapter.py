@@ -31,7 +31,7 @@ from typing import List, Optional, Union
 from planner import cost_model as cm
 from planner.model_profile import ModelProfile
 from planner.profile import LayerCostProfile, load_profile
-from planner.schedule import Schedule, build_schedule
+from planner.schedule import Schedule, build_schedule, schedule_kind
 from planner.schemas import plan_pb2
 from planner.simulator import SimulationResult, StageCost, simulate
 
@@ -137,20 +137,19 @@ def plan_schedule(plan: plan_pb2.Plan, schedule: Optional[str] = None, policy: O
                   max_in_flight: Optional[int] = None) -> Schedule:
     """The plan's schedule; `schedule`/`policy` override it (`policy` alone implies dapple).
 
-    Without overrides: GPIPE plans run gpipe; DAPPLE plans run the plan's K_i
-    (`warmup_micro_batches`), or its policy if the K_i are not set.
+    Without overrides: a plan runs its own schedule kind; DAPPLE (and ZB_H1, which bounds its forwards by
+    them) plans run the plan's K_i (`warmup_micro_batches`), or its policy if the K_i are not set.
     """
     s, m = len(plan.stages), plan.num_micro_batches
-    if schedule == "gpipe" or (schedule is None and policy is None and plan.schedule == plan_pb2.GPIPE):
-        return build_schedule(s, m, "gpipe")
-    if schedule not in (None, "dapple"):
-        return build_schedule(s, m, schedule)  # raises ScheduleError naming the kinds
-    if policy is None:
+    kind = schedule or (None if policy else schedule_kind(plan.schedule)) or "dapple"
+    if kind not in ("dapple", "zb-h1"):  # their own warm-up
+        return build_schedule(s, m, kind, max_in_flight=max_in_flight)  # raises ScheduleError naming the kinds
+    if policy is None:  # DAPPLE's K_i: those of the plan (zb-h1 bounds its forwards by them)
         ks = [st.warmup_micro_batches for st in plan.stages]
-        if plan.schedule == plan_pb2.DAPPLE and all(k > 0 for k in ks) and max_in_flight is None:
-            return build_schedule(s, m, "dapple", warmup=[min(k, m) for k in ks])
+        if plan.schedule != plan_pb2.GPIPE and all(k > 0 for k in ks) and max_in_flight is None:
+            return build_schedule(s, m, kind, warmup=[min(k, m) for k in ks])
         policy = "B" if plan.policy == plan_pb2.POLICY_B else "A"
-    return build_schedule(s, m, "dapple", policy=policy, max_in_flight=max_in_flight)
+    return build_schedule(s, m, kind, policy=policy, max_in_flight=max_in_flight)
 
 
 def simulate_plan(

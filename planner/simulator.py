@@ -20,6 +20,9 @@ planner/sim_adapter.py with the planner's cost model) and a `Schedule`, and play
 - a stage with `backward_input_ms` (the runtime's B/W split on every stage but the first) runs
   B(s, m) for that long, sends its input gradients, then W(s, m), the weight gradients, for the
   rest of its backward; its activations are freed at the end of W(s, m);
+- a schedule with W tasks (zero bubble) runs B(s, m) and W(s, m) where the schedule puts them: B
+  lasts `backward_input_ms` (when not given: 0 on the first stage, whose inputs need no gradient,
+  half the backward elsewhere), W the rest; activations are freed at the end of W(s, m);
 - a stage with `recompute` (GPipe's re-computation) runs R(s, m), its forward again, on its lane
   right before B(s, m), in the backward's slot (it needs no gradient, only the lane); it keeps
   only `boundary_bytes` per micro-batch in flight, and one micro-batch's full activations while
@@ -37,7 +40,7 @@ import dataclasses
 import heapq
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from planner.schedule import FORWARD, Schedule
+from planner.schedule import BACKWARD, FORWARD, Schedule
 
 # Event kinds, in drawing order.
 KIND_FORWARD = "forward"
@@ -93,6 +96,13 @@ class StageCost:
     @property
     def splits_backward(self) -> bool:
         return self.backward_input_ms is not None and 0.0 <= self.backward_input_ms < self.backward_ms
+
+    def input_gradient_ms(self, stage: int) -> float:
+        """B's share of the backward in a schedule with W tasks (see the module docstring)."""
+        if self.backward_input_ms is not None:
+            return min(self.backward_input_ms, self.backward_ms)
+        return 0.0 if stage == 0 else self.backward_ms / 2
+
     @property
     def overlapped_allreduce_tail_ms(self) -> float:
         if self.allreduce_tail_ms is not None:
@@ -187,7 +197,8 @@ class SimulationResult:
     def peak_in_flight(self, stage: int) -> int:
         """Most micro-batches whose activations were alive at once on `stage`, over time."""
         changes = []
-        for e in self.stage_events(stage, (KIND_FORWARD, KIND_BACKWARD)):
+        release = KIND_WEIGHT if self.stages[stage].splits_backward or self.schedule.splits_backward else KIND_BACKWARD
+        for e in self.stage_events(stage, (KIND_FORWARD, release)):
             if e.kind == KIND_FORWARD:
                 changes.append((e.start_ms, 1, 1))
             else:
@@ -303,9 +314,14 @@ def simulate(
     for s, st in enumerate(stages):
         lane = []
         for task in schedule.stage_tasks[s]:
-            kind = KIND_FORWARD if task.kind == FORWARD else KIND_BACKWARD
+            kind = {FORWARD: KIND_FORWARD, BACKWARD: KIND_BACKWARD}.get(task.kind, KIND_WEIGHT)
             if kind == KIND_BACKWARD and st.recompute:
                 lane.append(add(KIND_RECOMPUTE, s, task.micro_batch, f"stage{s}", st.forward_ms))
+            if schedule.splits_backward and kind != KIND_FORWARD:
+                b_ms = st.input_gradient_ms(s)
+                lane.append(add(kind, s, task.micro_batch, f"stage{s}", b_ms if kind == KIND_BACKWARD
+                                else st.backward_ms - b_ms))
+                continue
             if kind == KIND_BACKWARD and st.splits_backward:
                 lane.append(add(kind, s, task.micro_batch, f"stage{s}", st.backward_input_ms))
                 lane.append(add(KIND_WEIGHT, s, task.micro_batch, f"stage{s}", st.backward_ms - st.backward_input_ms))
@@ -402,7 +418,7 @@ def simulate(
         )
     )
     iteration_ms = max((e.end_ms for e in events), default=0.0)
-    timelines = tuple(_memory_timeline(stages[s], s, events) for s in range(num_stages))
+    timelines = tuple(_memory_timeline(stages[s], s, events, schedule.splits_backward) for s in range(num_stages))
     return SimulationResult(
         schedule=schedule,
         stages=stages,
@@ -415,7 +431,8 @@ def simulate(
     )
 
 
-def _memory_timeline(st: StageCost, stage: int, events: Sequence[Event]) -> Tuple[Tuple[float, float], ...]:
+def _memory_timeline(st: StageCost, stage: int, events: Sequence[Event],
+                     split_schedule: bool = False) -> Tuple[Tuple[float, float], ...]:
     changes = []
     kept = st.boundary_bytes if st.recompute else st.activation_bytes  # per micro-batch in flight
     for e in events:
@@ -427,7 +444,7 @@ def _memory_timeline(st: StageCost, stage: int, events: Sequence[Event]) -> Tupl
                 changes.append((e.end_ms, 0, kept - st.activation_bytes))
         elif e.kind == KIND_RECOMPUTE:
             changes.append((e.start_ms, 1, st.activation_bytes - kept))
-        elif e.kind == (KIND_WEIGHT if st.splits_backward else KIND_BACKWARD):
+        elif e.kind == (KIND_WEIGHT if st.splits_backward or split_schedule else KIND_BACKWARD):
             changes.append((e.end_ms, 0, -st.activation_bytes))
     points = [(0.0, st.static_bytes)]
     current = st.static_bytes

@@ -47,6 +47,7 @@ flags.DEFINE_integer("inter_op_threads", None, "Workers' inter-op threads (defau
 flags.DEFINE_list("micro_batches", ["1", "2", "4", "8", "16"], "M of the straight pipelines.")
 flags.DEFINE_list("plans", None, "Only these plans, e.g. single,dp2,straight2-M8,gpipe2-M8,planner (default: all).")
 flags.DEFINE_boolean("gpipe", True, "Also measure every pipeline in GPipe order.")
+flags.DEFINE_boolean("zero_bubble", True, "Also measure every pipeline in the zero-bubble orders (zb-h1, zb-h2).")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer.")
 flags.DEFINE_enum("stage_functions", "auto", ["auto", "true", "false"],
                   "build_pipeline's stage_functions: auto (its default), true (each stage built once as functions) "
@@ -91,8 +92,8 @@ def main(argv):
     passed = [f"--model={FLAGS.model}", f"--config={config}", f"--model_flags={model_flags}",
               f"--global_batch_size={batch}", f"--num_workers={n}", f"--cores_per_worker={FLAGS.cores_per_worker}",
               f"--micro_batches={','.join(FLAGS.micro_batches)}", f"--optimizer={FLAGS.optimizer}",
-              f"--steps={FLAGS.steps}", f"--gpipe={FLAGS.gpipe}", f"--stage_functions={FLAGS.stage_functions}",
-              "--as_chief"]
+              f"--steps={FLAGS.steps}", f"--gpipe={FLAGS.gpipe}", f"--zero_bubble={FLAGS.zero_bubble}",
+              f"--stage_functions={FLAGS.stage_functions}", "--as_chief"]
     if FLAGS.allreduce_bucket_mb is not None:
         passed.append(f"--allreduce_bucket_mb={FLAGS.allreduce_bucket_mb}")
     for name in ("plans",):

@@ -12,6 +12,7 @@ Example:
 
 from absl import flags
 
+from planner.schedule import SCHEDULE_KINDS
 from scripts.cli import run_main
 
 FLAGS = flags.FLAGS
@@ -21,7 +22,7 @@ flags.DEFINE_integer("num_servers", None, "Servers in a paper_* cluster (default
 flags.DEFINE_integer("global_batch_size", None, "Global batch size.")
 flags.DEFINE_string("plan", None, "A plan file to simulate (instead of --planner).")
 flags.DEFINE_string("planner", "dapple", "Planner to run when no --plan is given.")
-flags.DEFINE_enum("schedule", "dapple", ["dapple", "gpipe"], "Schedule to simulate.")
+flags.DEFINE_enum("schedule", "dapple", list(SCHEDULE_KINDS), "Schedule to simulate.")
 flags.DEFINE_enum("policy", None, ["A", "B"], "DAPPLE warm-up policy (default: the plan's K_i).")
 flags.DEFINE_string("trace", None, "Write a Chrome-trace JSON here.")
 flags.DEFINE_string("png", None, "Write a PNG Gantt chart (with memory over time) here.")

@@ -5,7 +5,8 @@ Pure Python (no TensorFlow): each plan is a plan_pb2.Plan made by the planner's 
 plays the same stages, micro-batches and schedule.
 
 Names: `single` (one worker, M=1), `dp<N>` (one stage on N workers), `straight<S>-M<m>` (S stages,
-one worker each, DAPPLE order), `gpipe<S>-M<m>` (the same in GPipe order), `planner` (the fastest plan by the
+one worker each, DAPPLE order), `gpipe<S>-M<m>` (the same in GPipe order), `straight<S>-M<m>-zb-h1` and
+`straight<S>-M<m>-zb-h2` (the same in the zero-bubble orders: planner/zero_bubble.py), `planner` (the fastest plan by the
 planner's cost model, DAPPLE's or a baseline's, each micro-batch size costed by the profile measured nearest
 to its slices: planner.api.plan_from_profiles).
 """
@@ -15,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from planner import api, cost_model as cm
 from planner.plan_eval import Options, evaluate, to_plan
+from planner.schedule import schedule_enum, schedule_kind
 from planner.schemas import plan_pb2
 from planner.sim_adapter import model_profile, simulate_plan
 
@@ -73,14 +75,19 @@ def make_plan(name: str, profile, cluster: plan_pb2.Cluster, global_batch_size: 
     if global_batch_size % num_micro_batches:
         raise ValueError(f"{name}: M={num_micro_batches} does not divide the global batch {global_batch_size}")
     mbs = global_batch_size // num_micro_batches
+    # the planner's analytic evaluation knows 1F1B and GPipe; a zero-bubble plan is costed as 1F1B and
+    # simulated in its own order
     est = evaluate(model, cm.Prefix(model), cluster, [(a, b, tuple(d)) for a, b, d in stages], global_batch_size,
-                   mbs, Options(), schedule=schedule)
-    return BenchPlan(name, to_plan(est, model, cluster, global_batch_size, "manual"))
+                   mbs, Options(), schedule="gpipe" if schedule == "gpipe" else "dapple")
+    proto = to_plan(est, model, cluster, global_batch_size, "manual")
+    proto.schedule = schedule_enum(schedule)
+    return BenchPlan(name, proto)
 
 
 def bench_plans(profile, cluster: plan_pb2.Cluster, global_batch_size: int, num_workers: int,
-                micro_batches: Sequence[int], gpipe: bool = True) -> List[BenchPlan]:
-    """single, dp<N>, straight<S>-M<m> for S in 2..N and every m (gpipe<S>-M<m> too, m > 1)."""
+                micro_batches: Sequence[int], gpipe: bool = True, zero_bubble: bool = True) -> List[BenchPlan]:
+    """single, dp<N>, straight<S>-M<m> for S in 2..N and every m (gpipe<S>-M<m>, straight<S>-M<m>-zb-h1 and
+    -zb-h2 too, m > 1)."""
     model = model_profile(profile)
     n = model.num_layers
     plans = [make_plan("single", model, cluster, global_batch_size, [(0, n, [0])], 1)]
@@ -97,6 +104,8 @@ def bench_plans(profile, cluster: plan_pb2.Cluster, global_batch_size: int, num_
             plans.append(make_plan(f"straight{s}-M{m}", model, cluster, global_batch_size, stages, m))
             if gpipe and m > 1:
                 plans.append(make_plan(f"gpipe{s}-M{m}", model, cluster, global_batch_size, stages, m, "gpipe"))
+            for kind in ("zb-h1", "zb-h2") if zero_bubble and m > 1 else ():
+                plans.append(make_plan(f"straight{s}-M{m}-{kind}", model, cluster, global_batch_size, stages, m, kind))
     return plans
 
 
@@ -124,5 +133,5 @@ def simulate(plan: BenchPlan, profile, optimizer_bandwidth: Optional[float] = No
 def describe(plan: BenchPlan) -> str:
     """e.g. '0-3@[0] 4-8@[1], M=8, dapple'."""
     stages = " ".join(f"{st.first_layer}-{st.last_layer}@{list(st.device_ids)}" for st in plan.proto.stages)
-    kind = "gpipe" if plan.proto.schedule == plan_pb2.GPIPE else "dapple"
+    kind = schedule_kind(plan.proto.schedule) or "dapple"
     return f"{stages}, M={plan.proto.num_micro_batches}, {kind}"

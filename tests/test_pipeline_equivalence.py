@@ -48,6 +48,23 @@ def check_rewrite(handle, stage_functions, fallbacks=()):
 @pytest.mark.parametrize("schedule", ["dapple", "gpipe"])
 @pytest.mark.parametrize("name,stages,m,n", PLANS, ids=[p[0] for p in PLANS])
 def test_matches_single_device(values, name, stages, m, n, schedule, stage_functions):
+    _check_matches_single_device(values, stages, m, n, schedule, stage_functions)
+
+
+ZERO_BUBBLE_PLANS = [p for p in PLANS if p[0] in ("1 stage, M=4 (accumulation)", "4 straight stages", "2:1", "1:2",
+                                                   "3 stages 2:1:3, uneven")]
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2"])
+@pytest.mark.parametrize("name,stages,m,n", ZERO_BUBBLE_PLANS, ids=[p[0] for p in ZERO_BUBBLE_PLANS])
+def test_zero_bubble_matches_single_device(values, name, stages, m, n, schedule, stage_functions):
+    """B and W as tasks of their own, W where the schedule puts it (straight, replicated 2:1 / 1:2 / uneven,
+    skips across stages): the same training as one device."""
+    handle = _check_matches_single_device(values, stages, m, n, schedule, stage_functions)
+    assert handle.schedule.splits_backward
+
+
+def _check_matches_single_device(values, stages, m, n, schedule, stage_functions):
     x, y = toy_models.batch(n)
     model_fn = toy_models.skip_model_fn(values)
     want_grads, want_weights, want_losses = train_single(model_fn, x, y, adam, STEPS)
@@ -67,6 +84,7 @@ def test_matches_single_device(values, name, stages, m, n, schedule, stage_funct
         assert any(k.endswith("dapple_copy") for k in copies), sorted(copies)
     assert handle.schedule.kind == schedule
     assert handle.micro_batch_size == n // m
+    return handle
 
 
 def test_uneven_slices_are_weighted_by_size(values, stage_functions):

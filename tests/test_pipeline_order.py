@@ -30,7 +30,7 @@ def executed_tasks(run_metadata, handle):
     return {d: sorted(v, key=lambda x: x[0]) for d, v in per_device.items()}
 
 
-@pytest.mark.parametrize("schedule", ["dapple", "gpipe"])
+@pytest.mark.parametrize("schedule", ["dapple", "gpipe", "zb-h1", "zb-h2"])
 def test_each_device_runs_its_stage_order(schedule):
     x, y = toy_models.batch(16)
     plan = dapple_tf.Plan.from_stages(
@@ -45,7 +45,46 @@ def test_each_device_runs_its_stage_order(schedule):
     stage_of_device = {d: s.index for s in handle.stages for d in s.devices}
     assert set(order) == set(stage_of_device)
     for device, spans in order.items():
-        expected = [str(t) for t in handle.schedule.stage_tasks[stage_of_device[device]]]
+        has_ops = {task for (d, task, _), names in handle.task_op_names.items() if d == device and names}
+        # the first stage's B tasks are empty under zero bubble: it sends no input gradient
+        expected = [str(t) for t in handle.schedule.stage_tasks[stage_of_device[device]] if t in has_ops]
+        assert len(expected) >= 2 * plan.num_micro_batches
         assert [str(task) for _, task in spans] == expected, device
         for ((_, end), _), ((start, _), task) in zip(spans, spans[1:]):
             assert end <= start, f"{device}: {task} started before the previous task ended"
+
+
+def _graph_ops(schedule):
+    x, y = toy_models.batch(16)
+    plan = dapple_tf.Plan.from_stages([(0, 1, [cpu(0), cpu(1)]), (2, 2, [cpu(2)]), (3, 4, [cpu(3)])],
+                                      num_micro_batches=4)
+    with tf.Graph().as_default() as graph:
+        features, labels = tf.constant(x), tf.constant(y)
+        handle = dapple_tf.build_pipeline(toy_models.skip_model_fn(toy_models.initial_values()), features, labels,
+                                          tf.compat.v1.train.GradientDescentOptimizer(0.1), plan, schedule=schedule)
+    return graph.get_operations(), handle
+
+
+def test_zero_bubble_moves_weight_gradients_into_w_tasks_without_copies():
+    """zb-h1 builds the same computation as dapple: as many MatMuls (forward, input and weight gradients),
+    each in exactly one task; every W task holds weight-gradient MatMuls, no B task of the first stage exists."""
+    dapple_ops, _ = _graph_ops("dapple")
+    zb_ops, handle = _graph_ops("zb-h1")
+    count = lambda ops: sum(op.type == "MatMul" for op in ops)  # noqa: E731
+    assert count(zb_ops) == count(dapple_ops) > 0
+    owner = {}
+    for key, names in handle.task_op_names.items():
+        for name in names:
+            assert name not in owner, f"{name} is in tasks {owner[name]} and {key}"
+            owner[name] = key
+    by_kind, matmul_names = {}, {op.name for op in zb_ops if op.type == "MatMul"}
+    for (device, task, replica), names in handle.task_op_names.items():
+        matmuls = [n for n in names if n in matmul_names]
+        by_kind.setdefault(task.kind, 0)
+        by_kind[task.kind] += len(matmuls)
+        if task.kind == "W":
+            assert matmuls, f"W task {task} of {device} has no weight-gradient MatMul"
+        if task.kind == "B" and names:
+            assert task.stage > 0, f"the first stage sends no input gradient, yet has B task {task}"
+    # forward: one MatMul per dense layer per micro-batch and replica; B and W split the backward's
+    assert by_kind["F"] > 0 and by_kind["B"] > 0 and by_kind["W"] > 0

@@ -4,7 +4,8 @@ import tensorflow as tf
 
 import dapple_tf
 from planner import api, cluster as cluster_lib
-from planner.schemas import layer_cost_pb2, plan_pb2, write_message
+from planner.schedule import schedule_kind
+from planner.schemas import layer_cost_pb2, write_message
 from tests import toy_models
 from tests.pipeline_harness import assert_close_dicts, train_pipelined, train_single
 
@@ -40,9 +41,12 @@ def test_planner_plan_for_local_cluster(tmp_path):
     model_fn = toy_models.skip_model_fn(toy_models.initial_values())
     sgd = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)  # noqa: E731
     want_grads, want_weights, _ = train_single(model_fn, x, y, sgd, 3)
-    schedule = "gpipe" if proto.schedule == plan_pb2.GPIPE else "dapple"
+    schedule = schedule_kind(proto.schedule)
+    assert plan.schedule_kind == schedule and len(proto.schedule_estimates) == 3  # the planner weighed each
     grads, weights, _, handle, _ = train_pipelined(model_fn, x, y, sgd, plan, schedule, 3)
     assert_close_dicts(want_grads, grads)
     assert_close_dicts(want_weights, weights)
     assert [s.replication for s in handle.stages] == [len(s.device_ids) for s in proto.stages]
-    assert handle.schedule.warmup == tuple(s.warmup_micro_batches for s in proto.stages)
+    assert handle.schedule == plan.schedule(schedule)
+    if schedule in ("dapple", "zb-h1"):  # DAPPLE's K_i, which zb-h1 keeps as its bounds
+        assert handle.schedule.warmup == tuple(s.warmup_micro_batches for s in proto.stages)

@@ -12,6 +12,11 @@ from planner.cluster import preset_cluster
 from planner.dapple_planner import TopK, coarsen_cuts, replication_candidates
 from planner.plan_eval import Estimate, Options
 from planner.profile import ModelProfile, load_profile
+from planner.memory_model import parse_size
+from planner.report import summarize
+from planner.schedule import schedule_kind
+from planner.schedule_choice import weigh_schedules
+from planner.schemas import plan_pb2
 from planner.sim_adapter import simulate_plan
 from tests.shared_profiles import PROFILES
 
@@ -26,13 +31,14 @@ def test_latency_is_the_objective_and_simulation_checks_it():
     profile = load_profile(BERT)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SimulationDisagreement)
-        by_l = plan(profile, preset_cluster("paper_a"), 64, simulate=True, profile_memory="11.4GB")
+        by_l = plan(profile, preset_cluster("paper_a"), 64, simulate=True, profile_memory="11.4GB",
+                    schedules=("dapple",))
     assert by_l.num_micro_batches == 8
     assert by_l.estimated_iteration_ms == pytest.approx(781.8, abs=0.1)
     assert by_l.simulated_iteration_ms == pytest.approx(800.0, abs=0.1)
     # (micro-batches of 8 and 16 only: each size's pool is searched without the other sizes' bound)
     by_sim = plan(profile, preset_cluster("paper_a"), 64, simulate=True, profile_memory="11.4GB", select="simulation",
-                  micro_batch_sizes=[8, 16])
+                  micro_batch_sizes=[8, 16], schedules=("dapple",))
     assert by_sim.num_micro_batches == 8 and by_sim.simulated_iteration_ms == pytest.approx(800.0, abs=0.1)
     # Forced to M=2 on config B, L misses some of the pivot's waits: the check says so, naming Ts.
     with pytest.warns(SimulationDisagreement, match=r"\(\+9\.2%\): the steady Ts phase differs most"):
@@ -41,9 +47,32 @@ def test_latency_is_the_objective_and_simulation_checks_it():
     assert [len(s.device_ids) for s in forced.stages] == [4, 4, 8]
 
 
+def test_the_plan_runs_the_fastest_schedule_that_fits():
+    """The chosen stages simulated under DAPPLE's 1F1B and the zero-bubble schedules: BERT-48 8:8, M=8 on
+    config A runs zb-h2 (0.92x of 1F1B's simulated iteration); with less memory zb-h2 no longer fits, zb-h1
+    (1F1B's peak memory) does."""
+    profile = load_profile(BERT)
+    chosen = plan(profile, preset_cluster("paper_a"), 64, simulate=True, profile_memory="11.4GB")
+    estimates = {schedule_kind(e.schedule): (round(e.simulated_iteration_ms, 1), e.fits)
+                 for e in chosen.schedule_estimates}
+    assert estimates == {"dapple": (800.0, True), "zb-h1": (762.8, True), "zb-h2": (734.5, True)}
+    assert schedule_kind(chosen.schedule) == "zb-h2" and chosen.simulated_iteration_ms == pytest.approx(734.45, abs=0.01)
+    assert [s.warmup_micro_batches for s in chosen.stages] == [2, 1]  # DAPPLE's K_i, zb-h1's bounds
+    assert "  zb-h2      734.45 ms (0.92x dapple), peak 9.74 GiB  <- chosen" in summarize(chosen)
+    peaks = {schedule_kind(e.schedule): e.peak_memory_bytes for e in chosen.schedule_estimates}
+    assert peaks["zb-h1"] <= peaks["dapple"] < peaks["zb-h2"]
+    # a device just below zb-h2's peak: zb-h2 does not fit, zb-h1 is chosen
+    tight = plan_pb2.Plan()
+    tight.CopyFrom(chosen)
+    tight.cluster.device_memory_bytes = (peaks["dapple"] + peaks["zb-h2"]) / 2
+    weigh_schedules(tight, ModelProfile.from_proto(profile, parse_size("11.4GB")))
+    assert [e.fits for e in tight.schedule_estimates] == [True, True, False]
+    assert schedule_kind(tight.schedule) == "zb-h1"
+
+
 def test_simulated_choice_not_worse_than_baselines_vgg_c():
     plans = plan_all(load_profile(PROFILES + "vgg-19-pbs-32.txt"), preset_cluster("paper_c"), 2048,
-                     profile_memory="5.6GB", select="simulation")
+                     profile_memory="5.6GB", select="simulation", schedules=("dapple",))
     best = plans["dapple"].simulated_iteration_ms
     assert best == pytest.approx(631.2, abs=0.1)  # 15:1, M=4 (L 630.6 ms)
     sims = {k: p.simulated_iteration_ms for k, p in plans.items() if k != "dapple" and not isinstance(p, str)}

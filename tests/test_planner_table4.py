@@ -33,7 +33,8 @@ def planned(model, cluster, gbs):
     profile = load_profile(PROFILES + model + ".txt")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SimulationDisagreement: the reasons below quote both times
-        return profile, plan(profile, preset_cluster(cluster), gbs, simulate=True, profile_memory=TABLE1_MEMORY[model])
+        return profile, plan(profile, preset_cluster(cluster), gbs, simulate=True, profile_memory=TABLE1_MEMORY[model],
+                             schedules=("dapple",))
 
 
 def shape(p):
@@ -226,11 +227,11 @@ def test_gnmt_profile_with_regular_last_lstm():
     last.backward_ms = 8.485
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        p = plan(profile, preset_cluster("paper_c"), 1024, simulate=True, profile_memory="3.9GB")
+        p = plan(profile, preset_cluster("paper_c"), 1024, simulate=True, profile_memory="3.9GB", schedules=("dapple",))
         weighted = [len(s.device_ids) for s in p.stages if s.parameter_bytes > 0]
         assert weighted == [1] * len(weighted) and len(p.stages) == 15
         assert p.estimated_iteration_ms == pytest.approx(427.0, abs=0.1)
-        p = plan(profile, preset_cluster("paper_a"), 1024, simulate=True, profile_memory="3.9GB")
+        p = plan(profile, preset_cluster("paper_a"), 1024, simulate=True, profile_memory="3.9GB", schedules=("dapple",))
         assert shape(p) == [8, 8] and split(profile, p, lstm_layer) == [9, 7]
         assert p.estimated_iteration_ms == pytest.approx(250.4, abs=0.1)
         assert p.simulated_iteration_ms == pytest.approx(255.5, abs=0.1)
