@@ -12,6 +12,7 @@ from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.layers import LayerRecorder, layer
 from dapple_tf.pipeline import PipelineHandle, build_pipeline
 from dapple_tf.plan import Plan
+from dapple_tf.random_ops import RandomOpsWarning
 from dapple_tf.scopes import ScopeLayers, layers_by_scope
 from dapple_tf.trainer import Trainer, TrainerOptions
 
@@ -31,6 +32,7 @@ __all__ = [
     "layers_by_scope",
     "ScopeLayers",
     "Plan",
+    "RandomOpsWarning",
     "PipelineHandle",
     "build_pipeline",
 ]

@@ -7,7 +7,7 @@ reduced gradient can be applied as IndexedSlices of exactly those rows: lazy opt
 (Momentum, RMSProp, ...) then update the same rows as single-device `minimize` does.
 
 `reduce_and_pair` all-reduces each (device set, dtype) group in buckets of about `bucket_bytes`
-(planner.cost_model.ALLREDUCE_BUCKET_BYTES by default), in the order the last micro-batch's backward
+(planner.schemas.constants.ALLREDUCE_BUCKET_BYTES by default, which the cost model assumes too), in the order the last micro-batch's backward
 produces the gradients (the variables whose gradient ops were created first, i.e. the last layers,
 first), one bucket after another on every device. A bucket's collective depends only on its own
 gradients, so it runs while the backward of earlier layers still computes (backward/AllReduce
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from dapple_tf import collectives
 from dapple_tf.replicas import VariableCopies
-from planner.cost_model import ALLREDUCE_BUCKET_BYTES
+from planner.schemas.constants import ALLREDUCE_BUCKET_BYTES
 
 Key = Tuple[tf.Variable, str]  # (variable, device)
 

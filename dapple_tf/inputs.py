@@ -18,7 +18,10 @@ fails on an int is tried with a step tensor):
   step 0's.
 
 Older forms taking one argument still work where they were accepted: `input_fn(batch_size)`
-(dapple_profile) and `input_fn(step)` (dapple_tf.Trainer). For tf.estimator, `estimator_input_fn`
+(dapple_profile) and `input_fn(step)` (dapple_tf.Trainer): a function with one required positional
+parameter, unless its second positional parameter is named `batch_size` (`input_fn(step,
+batch_size=32)` is the contract's form). Every leaf must lead with `batch_size` samples (an error
+otherwise: a profile labelled with one batch size but measured at another would be wrong). For tf.estimator, `estimator_input_fn`
 wraps such a function into an Estimator input_fn (step = the global step).
 """
 
@@ -36,15 +39,19 @@ LEGACY = ("step", "batch_size")
 
 
 def _takes_one_argument(input_fn) -> bool:
-    """True for a function with exactly one required positional parameter (the older one-argument forms)."""
+    """True for the older one-argument forms: one required positional parameter, and no second positional
+    parameter named `batch_size` (`input_fn(step, batch_size=32)` takes the contract's two arguments)."""
     try:
-        parameters = inspect.signature(input_fn).parameters.values()
+        parameters = list(inspect.signature(input_fn).parameters.values())
     except (TypeError, ValueError):
         return False
     if any(p.kind == p.VAR_POSITIONAL for p in parameters):
         return False
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(p.kind in positional and p.default is p.empty for p in parameters) == 1
+    positional = [p for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                       inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if len(positional) > 1 and positional[1].name == "batch_size":
+        return False
+    return sum(p.default is p.empty for p in positional) == 1
 
 
 def call(input_fn, step, batch_size: Optional[int], legacy: Optional[str] = None):
@@ -70,6 +77,20 @@ def _pair(result, input_fn):
     return tuple(result)
 
 
+def _check_batch_size(leaves, batch_size: Optional[int], input_fn, step) -> None:
+    """Every leaf leads with `batch_size` samples (where both are known)."""
+    if batch_size is None:
+        return
+    for i, value in enumerate(leaves):
+        if value is None:
+            continue
+        shape = tf.TensorShape(value.shape) if hasattr(value, "shape") else tf.TensorShape(np.shape(value))
+        leading = shape[0] if shape.rank else None
+        if leading is not None and leading != batch_size:
+            raise DappleError(f"{describe(input_fn)}: leaf {i} for step {step} leads with {leading} samples, but the "
+                              f"batch size is {batch_size}. Contract: {CONTRACT}")
+
+
 def _is_tensor(value) -> bool:
     return isinstance(value, (tf.Tensor, tf.Variable, tf.SparseTensor, tf.RaggedTensor)) or tf.is_tensor(value)
 
@@ -93,6 +114,7 @@ def batch_tensors(input_fn, step, batch_size: Optional[int], legacy: Optional[st
     with tf.Graph().as_default():  # the probe: what input_fn returns for step 0
         probe = _step_zero(input_fn, batch_size, legacy)
     leaves = tf.nest.flatten(probe)
+    _check_batch_size(leaves, batch_size, input_fn, 0)
     if any(_is_tensor(v) for v in leaves):
         try:
             result = call(input_fn, step, batch_size, legacy)
@@ -134,6 +156,7 @@ def batch_values(input_fn, step: int, batch_size: Optional[int], legacy: Optiona
     with tf.Graph().as_default():
         result = _step_zero(input_fn, batch_size, legacy) if step == 0 else _pair(
             call(input_fn, step, batch_size, legacy), input_fn)
+        _check_batch_size(tf.nest.flatten(result), batch_size, input_fn, step)
         if not any(_is_tensor(v) for v in tf.nest.flatten(result)):
             return tf.nest.map_structure(lambda v: None if v is None else np.asarray(v), result)
         flat = tf.nest.flatten(result)

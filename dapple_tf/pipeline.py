@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 import tensorflow as tf
 
 from dapple_tf import (batch_norm as batch_norm_lib, collectives, gradients, microbatch, outputs as outputs_lib,
-                       recompute as recompute_lib, template as template_lib)
+                       random_ops, recompute as recompute_lib, template as template_lib)
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.graph_mode import require_graph_mode
 from dapple_tf.layers import LayerRecorder
@@ -174,6 +174,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
         template.global_batch_size, plan.num_micro_batches, [s.replication for s in stages]
     )
     sched = plan.schedule(schedule)
+    random_ops.warn_per_slice(template.stages, plan.num_micro_batches)
     trainable = set(tf.compat.v1.trainable_variables())
 
     keys = collectives.CollectiveKeys(graph)

@@ -47,11 +47,9 @@ from typing import List, Optional, Sequence, Tuple
 
 from planner.memory_model import stage_working_bytes
 from planner.model_profile import ModelProfile
+from planner.schemas.constants import ALLREDUCE_BUCKET_BYTES  # gradients are all-reduced in such buckets
 
 PASS_OVERHEAD_MS = 0.2
-# Gradients are all-reduced in buckets of at least this many bytes, last layers first, each as soon
-# as the last micro-batch's backward has produced it (dapple_tf/gradients.py; allreduce_tail_ms).
-ALLREDUCE_BUCKET_BYTES = 25 * 2**20
 DEFAULT_OPTIMIZER_MULTIPLIER = 2.0  # Adam: two extra copies (m, v) of every weight
 # Policy B (more warm-up forwards) when the activation-communication ratio is at least this:
 # the paper picks B for VGG-19 (ACR 0.16) and GNMT-16 (0.10), A for BERT-48 (0.06), XLNet (0.03)

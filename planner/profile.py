@@ -391,13 +391,3 @@ def load_profile(path: str, batch_size: Optional[int] = None) -> LayerCostProfil
     if step:
         profile.step_peak_bytes = step
     return profile
-
-
-def __getattr__(name):
-    """ModelProfile and is_input_node live in planner/model_profile.py (imported lazily: it imports
-    this module)."""
-    if name in ("ModelProfile", "is_input_node", "INPUT_PREFIX"):
-        from planner import model_profile  # pylint: disable=import-outside-toplevel
-
-        return getattr(model_profile, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,10 +13,10 @@ import statistics
 
 from absl import flags
 
-from scripts.cli import run_main
+from scripts.cli import run_main, shared_profiles
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("profiles", "../shared/profiles", "Folder with the shipped PipeDream profiles.")
+flags.DEFINE_string("profiles", None, "Folder with the shipped PipeDream profiles (default: ../shared/profiles beside this checkout).")
 flags.DEFINE_integer("plans", 40, "Random plans per (profile, config).")
 flags.DEFINE_integer("seed", 1, "Random seed.")
 
@@ -64,7 +64,7 @@ def main(argv):
     rng = random.Random(FLAGS.seed)
     errors = {"with the pivot's wait": [], "printed formula 2": []}
     for name, gbs in PROFILES:
-        model = ModelProfile.from_proto(load_profile(f"{FLAGS.profiles}/{name}.txt"))
+        model = ModelProfile.from_proto(load_profile(f"{shared_profiles(FLAGS.profiles)}/{name}.txt"))
         prefix = cm.Prefix(model)
         for config in ("paper_a", "paper_c"):
             cluster = preset_cluster(config)

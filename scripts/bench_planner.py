@@ -11,10 +11,11 @@ import time
 
 from absl import flags
 
-from scripts.cli import run_main
+from scripts.cli import run_main, shared_profiles
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("profiles", "/work/shared/profiles", "Folder with bert-48-pbs-2.txt and gnmt-16-pbs-64.txt.")
+flags.DEFINE_string("profiles", None, "Folder with bert-48-pbs-2.txt and gnmt-16-pbs-64.txt (default: "
+                    "../shared/profiles beside this checkout).")
 flags.DEFINE_integer("synthetic_layers", 256, "Layers of the synthetic chain profile (0: skip).")
 flags.DEFINE_integer("synthetic_servers", 128, "paper_a servers for the synthetic case.")
 
@@ -39,8 +40,9 @@ def main(argv):
     from planner.cluster import preset_cluster
     from planner.profile import load_profile
 
-    cases = [("bert-48", load_profile(f"{FLAGS.profiles}/bert-48-pbs-2.txt"), "paper_a", None, 64, 0.5),
-             ("gnmt-16", load_profile(f"{FLAGS.profiles}/gnmt-16-pbs-64.txt"), "paper_a", None, 1024, 5.0)]
+    folder = shared_profiles(FLAGS.profiles)
+    cases = [("bert-48", load_profile(f"{folder}/bert-48-pbs-2.txt"), "paper_a", None, 64, 0.5),
+             ("gnmt-16", load_profile(f"{folder}/gnmt-16-pbs-64.txt"), "paper_a", None, 1024, 5.0)]
     if FLAGS.synthetic_layers:
         cases.append((f"synthetic-{FLAGS.synthetic_layers}", synthetic_profile(FLAGS.synthetic_layers), "paper_a",
                       FLAGS.synthetic_servers, 4096, 60.0))

@@ -12,7 +12,7 @@ import os
 
 from absl import flags
 
-from scripts.cli import run_main, write_rows
+from scripts.cli import run_main, shared_profiles, write_rows
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("profiles", None, "Folder with bert-48-pbs-2.txt and gnmt-16-pbs-64.txt (default: the shared "
@@ -21,14 +21,6 @@ flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
 
 CASES = [("bert-48-pbs-2", 64, "11.4GB"), ("gnmt-16-pbs-64", 1024, "3.9GB")]
 CONFIGS = ("paper_a", "paper_b", "paper_c")
-
-
-def profiles_folder() -> str:
-    folder = FLAGS.profiles or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
-                                            "shared", "profiles")
-    if not os.path.isdir(folder):
-        raise ValueError(f"no profiles folder at {folder}: pass --profiles=FOLDER (DAPPLE's published profiles)")
-    return folder
 
 
 def main(argv):
@@ -40,7 +32,7 @@ def main(argv):
     from planner.profile import load_profile
     from planner.schedule import schedule_kind
 
-    folder, rows = profiles_folder(), []
+    folder, rows = shared_profiles(FLAGS.profiles), []
     print("model           config   plan           M  schedule   iteration ms  x 1F1B  peak GiB  chosen")
     for name, batch, memory in CASES:
         profile = load_profile(os.path.join(folder, name + ".txt"))

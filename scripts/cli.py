@@ -4,6 +4,7 @@ Bad input (ValueError, OSError) prints one `error: ...` line and exits 1; `--hel
 (absl itself exits 1 after printing help).
 """
 
+import os
 import sys
 
 from absl import app
@@ -47,3 +48,14 @@ def write_rows(path, rows, log=print) -> None:
     with open(path, "w") as f:
         json.dump(rows, f, indent=1)
     log(f"wrote {path}")
+
+
+def shared_profiles(folder=None) -> str:
+    """The folder of DAPPLE's published profiles: `folder` if given, else `../shared/profiles` beside this
+    checkout; a clear error when it is missing."""
+    folder = folder or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared",
+                                    "profiles")
+    if not os.path.isfile(os.path.join(folder, "bert-48-pbs-2.txt")):
+        raise ValueError(f"no published profiles at {os.path.abspath(folder)} (bert-48-pbs-2.txt, gnmt-16-pbs-64.txt): "
+                         "pass --profiles=FOLDER")
+    return os.path.abspath(folder)

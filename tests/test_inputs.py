@@ -55,6 +55,31 @@ def test_older_one_argument_forms():
             assert list(sess.run(labels)) == [7.0] * 3
 
 
+def test_a_default_batch_size_is_still_the_contracts_second_argument():
+    """input_fn(step, batch_size=32) takes the caller's batch size, in dapple_profile's and the Trainer's places;
+    input_fn(batch_size, seed=0) is the older one-argument form."""
+    def with_default(step, batch_size=32):
+        return np.full([batch_size, 2], step, np.float32), np.zeros([batch_size], np.int32)
+
+    def by_batch_size(batch_size, seed=0):
+        return np.full([batch_size, 2], seed, np.float32), np.zeros([batch_size], np.int32)
+
+    assert inputs.batch_values(with_default, 3, 16, legacy="batch_size")[0].shape == (16, 2)
+    assert inputs.batch_values(with_default, 3, 16, legacy="step")[0][0, 0] == 3
+    assert inputs.batch_values(by_batch_size, 0, 16, legacy="batch_size")[0].shape == (16, 2)
+
+
+def test_a_batch_of_another_size_is_an_error():
+    def fixed(step, batch_size):
+        return np.zeros([8, 2], np.float32), np.zeros([8], np.int32)
+
+    with pytest.raises(DappleError, match=r"leaf 0 for step 0 leads with 8 samples, but the batch size is 16\. "
+                                          r"Contract: input_fn\(step, batch_size\)"):
+        inputs.batch_values(fixed, 0, 16)
+    with tf.Graph().as_default(), pytest.raises(DappleError, match=r"leads with 8 samples, but the batch size is 4"):
+        inputs.batch_tensors(lambda step, batch_size: (tf.zeros([8, 2]), tf.zeros([8])), tf.constant(0, tf.int64), 4)
+
+
 def test_errors_name_the_contract():
     def half_numpy(step, batch_size):  # tensors for an int step, numpy on the step: breaks on the tensor
         return tf.constant(np.random.RandomState(step).randn(batch_size, 2)), tf.zeros([batch_size])

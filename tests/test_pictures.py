@@ -95,7 +95,8 @@ def test_gantt_errors(tmp_path):
 def test_simulate_cli_writes_trace_and_png(tmp_path):
     from planner.cluster import preset_cluster
     from planner.plan_eval import Options, evaluate, to_plan
-    from planner.profile import ModelProfile, load_profile
+    from planner.model_profile import ModelProfile
+    from planner.profile import load_profile
     from planner import cost_model as cm
     from planner.schemas import write_message
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import dapple_tf
 from dapple_tf import DappleError, PlanError
-from planner.schedule import BACKWARD, FORWARD
+from planner.schedule import BACKWARD, FORWARD, WEIGHT
 from planner.schemas import plan_pb2
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, assert_close_dicts, cpu, train_pipelined, train_single
@@ -30,6 +30,28 @@ def test_recompute_matches_single_device(name, stages, m, n, schedule):
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     kinds = {task.kind for (_, task, _), names in handle.task_op_names.items() for n in names if "/recompute/" in n}
     assert kinds == {BACKWARD}
+
+
+ZERO_BUBBLE_PLANS = [p for p in PLANS if p[0] in ("4 straight stages", "2:1", "3 stages 2:1:3, uneven")]
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2"])
+@pytest.mark.parametrize("name,stages,m,n", ZERO_BUBBLE_PLANS, ids=[p[0] for p in ZERO_BUBBLE_PLANS])
+def test_recompute_with_zero_bubble_matches_single_device(name, stages, m, n, schedule):
+    """Re-computation with B and W tasks: each recomputed op runs once, in B when the input gradients need it,
+    else in W; never in a forward task."""
+    x, y = toy_models.batch(n)
+    model_fn = toy_models.skip_model_fn(toy_models.initial_values())
+    want_grads, want_weights, want_losses = train_single(model_fn, x, y, adam, STEPS)
+    plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=m)
+    grads, weights, losses, handle, _ = train_pipelined(model_fn, x, y, adam, plan, schedule, STEPS, recompute=True)
+    assert_close_dicts(want_grads, grads)
+    assert_close_dicts(want_weights, weights)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+    kinds = {(task.stage > 0, task.kind) for (_, task, _), names in handle.task_op_names.items() for n in names
+             if "/recompute/" in n}
+    # later stages recompute what their input gradients need in B, the rest in W; the first stage's backward is W
+    assert kinds == {(True, BACKWARD), (True, WEIGHT), (False, WEIGHT)}
 
 
 SGD = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)  # noqa: E731

@@ -10,7 +10,8 @@ from planner.api import MemoryLowerBoundWarning, PlanningError, plan
 from planner.cluster import make_cluster, preset_cluster
 from planner.memory_model import (MemoryInputError, kept_bytes_per_sample, parse_size, side_file_memory,
                                   stage_working_bytes)
-from planner.profile import ModelProfile, load_profile
+from planner.model_profile import ModelProfile
+from planner.profile import load_profile
 from planner.schemas import plan_pb2
 from tests.shared_profiles import PROFILES
 

@@ -9,7 +9,8 @@ from planner import cost_model as cm
 from planner.cluster import make_cluster, preset_cluster
 from planner.dapple_planner import search
 from planner.plan_eval import Options
-from planner.profile import ModelProfile, load_profile
+from planner.model_profile import ModelProfile
+from planner.profile import load_profile
 from tests.shared_profiles import PROFILES
 
 

@@ -11,7 +11,8 @@ from planner.api import PerSizeTop, SimulationDisagreement, best_estimate, micro
 from planner.cluster import preset_cluster
 from planner.dapple_planner import TopK, coarsen_cuts, replication_candidates
 from planner.plan_eval import Estimate, Options
-from planner.profile import ModelProfile, load_profile
+from planner.model_profile import ModelProfile
+from planner.profile import load_profile
 from planner.memory_model import parse_size
 from planner.report import summarize
 from planner.schedule import schedule_kind

@@ -4,7 +4,8 @@ import glob
 
 import pytest
 
-from planner.profile import (LayerCostProfile, ModelProfile, ProfileError, format_pipedream, load_profile, parse_pipedream,
+from planner.model_profile import ModelProfile
+from planner.profile import (LayerCostProfile, ProfileError, format_pipedream, load_profile, parse_pipedream,
                              read_pipedream, write_pipedream)
 from planner.schemas import write_message
 from tests.shared_profiles import PROFILES

@@ -15,7 +15,8 @@ from planner import api, baselines
 from planner import cost_model as cm
 from planner.cluster import preset_cluster
 from planner.plan_eval import Options, evaluate, to_plan
-from planner.profile import ModelProfile, load_profile
+from planner.model_profile import ModelProfile
+from planner.profile import load_profile
 from planner.schemas import plan_pb2
 from planner.sim_adapter import (
     pivot_internal_bubble_ms,
@@ -85,7 +86,8 @@ def test_latency_includes_the_pivot_wait(name, config, mbs):
     # the stages after it (102 ms of internal bubble in the simulation), which the paper's
     # Ts = (M-1)(F_Q + B_Q) leaves out (+125% before cost_model.pivot_wait_ms); VGG 15:1: the
     # pivot's second warm-up forward covers the trip (no wait; a full round trip would be +10%).
-    plan = api.plan(model_of(name), preset_cluster(config), MODELS[name][1], micro_batch_sizes=[mbs])
+    plan = api.plan(model_of(name), preset_cluster(config), MODELS[name][1], micro_batch_sizes=[mbs],
+                    schedules=("dapple",))  # the paper's formula is about its schedule
     result = simulate_plan(plan, model_of(name))
     bubble = pivot_internal_bubble_ms(plan, result)
     assert bubble == pytest.approx({"vgg": 0.0, "gnmt": 102.3}[name], abs=0.1)
