@@ -16,7 +16,10 @@ What is a batch norm is decided by what it computes (normalization.py): statisti
 sample axis, fused (FusedBatchNorm*) or not (tf.nn.moments' means). Per-sample normalizations (Keras
 LayerNormalization, which Keras 2 computes with FusedBatchNormV3 over a reshaped tensor,
 GroupNormalization, instance norms) are neither warned about nor synchronized; with batch_norm="sync"
-non-fused batch statistics of replicated stages are synchronized too.
+non-fused batch statistics of replicated stages are synchronized too. Only statistics whose sample axis
+is followed from the inputs are told apart: after an op the analysis does not follow (a Keras RNN's
+loop) training-mode fused norms are batch norms, and sync refuses a replicated stage's keep-dims Mean or
+Sum over axis 0, as before the analysis.
 
 Variable assignments computed from the batch that nothing runs (Keras 3 layers assign their moving
 statistics when called in training mode, and in a graph nothing runs those assignments unless they are
@@ -251,6 +254,39 @@ def _check_synchronized(updates: UpdateOps, analysis: normalization.SampleAxes, 
             )
 
 
+def _refuse_unproven(analysis: normalization.SampleAxes, stage_ops, replication: Sequence[int]) -> None:
+    """With sync batch norm, replicated stages must hold no Mean or Sum keeping dims over axis 0 of a tensor whose
+    sample axis the analysis cannot tell (after an op it does not follow, such as a Keras RNN's loop): it may be
+    a batch statistic, which would stay per replica's slice (the rule from before the sample-axis analysis)."""
+    for s, ops in enumerate(stage_ops):
+        unproven = analysis.unproven_reductions(ops) if replication[s] > 1 else []
+        if unproven:
+            op = unproven[0]
+            raise DappleError(
+                f"batch_norm='sync' synchronizes batch statistics whose sample axis it can follow from the inputs, but "
+                f"stage {s}, which is replicated, computes a {op.type} keeping dims over axis 0 in {op.name} of a "
+                f"tensor whose sample axis cannot be told (it comes from {_unfollowed(analysis, op.inputs[0])}, which "
+                "the analysis does not follow): if it is a statistic over the batch it would stay per replica's "
+                "slice; compute it before that op, with tf.nn.moments on a batch-leading tensor, or use "
+                "batch_norm='per_slice'"
+            )
+
+
+def _unfollowed(analysis: normalization.SampleAxes, tensor: tf.Tensor) -> str:
+    """The first op (name and type) on the way back from `tensor` whose inputs' sample axes are all known."""
+    seen, stack = set(), [tensor]
+    while stack:
+        t = stack.pop()
+        if t.name in seen:
+            continue
+        seen.add(t.name)
+        unknown = [i for i in t.op.inputs if analysis.of(i) is None]
+        if not unknown:
+            return f"{t.op.name} ({t.op.type})"
+        stack.extend(reversed(unknown))
+    return f"{tensor.op.name} ({tensor.op.type})"
+
+
 def prepare(template, created: Set[tf.Operation], micro_batch_size: int, num_micro_batches: int = 1,
             sync: bool = False) -> UpdateOps:
     """The UpdateOps of the UPDATE_OPS model_fn `created`, their statistics added to the stages' clone outputs
@@ -279,7 +315,16 @@ def prepare(template, created: Set[tf.Operation], micro_batch_size: int, num_mic
                     "from the graph, so it would stay per replica's slice; compute the statistic with "
                     "tf.reduce_mean(..., keepdims=True) or tf.nn.moments, or use batch_norm='per_slice'"
                 )
+            if op.type not in ("Mean", "Sum") and analysis.of(op.inputs[0]) is None:
+                raise DappleError(
+                    f"batch_norm='sync' synchronizes batch norms whose sample axis it can follow from the inputs, but "
+                    f"stage {s}, which is replicated, runs the fused norm {op.name} on a tensor whose sample axis "
+                    f"cannot be told (it comes from {_unfollowed(analysis, op.inputs[0])}, which the analysis does not "
+                    "follow): it may be a per-sample normalization (Keras 2 computes LayerNormalization with this op) "
+                    "that synchronizing would change; use batch_norm='per_slice' for this model"
+                )
             updates.synchronized[s][op.name] = _reduction(op)
+        _refuse_unproven(analysis, stage_ops, replication)
         _check_synchronized(updates, analysis, {n for names in updates.synchronized for n in names}, replication)
     warn_per_micro_batch(norms, updates, replication, micro_batch_size, num_micro_batches, sync)
     run = {op for ops in stage_ops for op in ops} | set(update_ops) | _collected_ops(

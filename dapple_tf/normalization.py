@@ -10,17 +10,25 @@ have none, and layout ops move it:
   Keras 2's LayerNormalization, which reshapes x [N, D] to [1, N, D, 1] (built from `tf.shape(x)`) and
   runs FusedBatchNormV3 in NCHW, is seen to normalize per sample: N lands in the channel axis, which the
   fused op does not reduce over.
-- Transpose / ExpandDims / Squeeze with constant arguments, and elementwise ops (broadcasting aligned
-  right) move or keep it.
-Anything else keeps the convention that a batch-dependent tensor is batch-leading (axis 0); so does a
-reshape that cannot be followed (an unknown reshape is treated as the code did before: axis 0).
+- Transpose / ExpandDims / Squeeze with constant arguments, elementwise ops (broadcasting aligned right),
+  MatMul / BatchMatMul / Einsum, convolutions and pools, reductions, pads, slices, concatenations,
+  gathers (embedding lookups) and ops making a tensor of a given shape (Fill, dropout's random masks)
+  move or keep it.
+Anything else (a Keras RNN's while loop, a map_fn, a reshape that cannot be followed) gives an *unknown*
+sample axis, and so does every layout op applied to it: no axis is assumed. (An RNN with
+return_sequences=True runs time-major inside its loop and transposes back; guessing axis 0 for the
+loop's output and following the transpose would put the samples on the time axis.)
 
-Batch statistics are then
+Batch statistics are then, where the sample axis is proven,
 - a training-mode FusedBatchNorm* whose reduced axes (all but the channel axis) include a sample axis;
 - a Mean or Sum keeping dimensions (tf.nn.moments', so Keras 2 non-fused and Keras 3 BatchNormalization's)
   over constant axes including a sample axis.
 LayerNormalization, GroupNormalization and instance norms reduce over per-sample axes only: not batch
 statistics, so no BatchNormWarning and sync batch norm leaves them alone.
+Where the sample axis is unknown the rule from before the analysis holds: a training-mode FusedBatchNorm*
+is a batch norm, and a Mean or Sum keeping dimensions over constant axes including axis 0
+(`unproven_reductions`) is refused by batch_norm="sync" in a replicated stage; nothing else is
+synchronized or warned about.
 """
 
 import collections
@@ -39,7 +47,28 @@ _ELEMENTWISE = {
     "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "SquaredDifference", "Pow", "BiasAdd", "CheckNumerics",
     "ClipByValue", "Erf",
 }
-_MAX_DEPTH = 100  # ops followed back from a statistic; deeper: the batch-leading convention
+_ELEMENTWISE |= {
+    "Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
+    "SelectV2", "FloorDiv", "FloorMod", "Mod", "Floor", "Ceil", "Round", "Sign", "Softsign", "Sin", "Cos",
+    "Log1p", "Expm1", "Gelu", "Swish", "IsFinite", "AddN", "ZerosLike", "OnesLike",
+}
+_SAME_SHAPE = {"Softmax", "LogSoftmax", "PreventGradient", "EnsureShape", "Cumsum", "Cumprod"}  # first input's layout
+_MADE_FROM_SHAPE = {  # shape first
+    "RandomUniform", "RandomStandardNormal", "TruncatedNormal", "RandomUniformInt", "StatelessRandomUniform",
+    "StatelessRandomNormal", "StatelessTruncatedNormal", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
+    "StatelessTruncatedNormalV2", "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2",
+}
+_REDUCING = {"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm"}
+_SPATIAL = {
+    "Conv2D", "Conv3D", "DepthwiseConv2dNative", "MaxPool", "MaxPoolV2", "AvgPool", "MaxPool3D", "AvgPool3D", "Conv",
+}
+_FOLLOWED = _SPATIAL | _REDUCING | {
+    "Reshape", "Transpose", "ExpandDims", "Squeeze", "Pad", "PadV2", "MirrorPad", "Tile", "Slice", "Reverse",
+    "ReverseV2", "Roll", "StridedSlice", "ConcatV2", "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
+    "Einsum", "GatherV2", "ResourceGather", "Split", "SplitV", "ArgMax", "ArgMin", "Unpack", "OneHot",
+    "SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits",
+}
+_MAX_DEPTH = 100  # ops followed back recursively (ancestors are computed first, so only shape computations)
 
 
 def is_training_fused_norm(op) -> bool:
@@ -99,66 +128,213 @@ class SampleAxes:
 
     # -- sample axes of a tensor ------------------------------------------------------------------------------
 
-    def of(self, tensor: tf.Tensor, depth: int = 0) -> FrozenSet[int]:
-        """The axes of `tensor` holding (part of) the sample index; empty for batch-independent tensors."""
+    def of(self, tensor: tf.Tensor, depth: int = 0) -> Optional[FrozenSet[int]]:
+        """The axes of `tensor` holding (part of) the sample index; empty for batch-independent tensors; None
+        when unknown (computed by an op the analysis does not follow, or from such a tensor)."""
         if tensor.name not in self._axes:
+            if depth == 0:  # the ancestors first, in creation (topological) order: no deep recursion
+                for before in self._uncomputed_ancestors(tensor.op):
+                    for t in before.outputs:
+                        self._axes[t.name] = self._compute(t, 0)
             self._axes[tensor.name] = self._compute(tensor, depth)
         return self._axes[tensor.name]
 
-    def _default(self, tensor: tf.Tensor) -> FrozenSet[int]:
-        rank = tensor.shape.rank
-        return frozenset() if rank == 0 else frozenset([0])
+    def _uncomputed_ancestors(self, op: tf.Operation) -> List[tf.Operation]:
+        seen, stack = set(), [t.op for t in op.inputs]
+        while stack:
+            current = stack.pop()
+            if current in seen or current not in self.batch_dependent or not current.outputs:
+                continue
+            if current.outputs[0].name in self._axes:
+                continue
+            seen.add(current)
+            stack.extend(t.op for t in current.inputs)
+        return sorted(seen, key=lambda o: o._id)  # pylint: disable=protected-access
 
-    def _compute(self, tensor: tf.Tensor, depth: int) -> FrozenSet[int]:
+    def _compute(self, tensor: tf.Tensor, depth: int) -> Optional[FrozenSet[int]]:
         op = tensor.op
         if op not in self.batch_dependent:
             return frozenset()
         rank = tensor.shape.rank
-        if op in self.inputs or depth > _MAX_DEPTH or rank is None:
-            return self._default(tensor)
+        if op in self.inputs:
+            return frozenset() if rank == 0 else frozenset([0])
+        if depth > _MAX_DEPTH or rank is None:
+            return None
         try:
             follow = self._follow(op, tensor, rank, depth + 1)
-        except (IndexError, TypeError, ValueError):  # a shape computation not followed: the convention
+        except (IndexError, KeyError, TypeError, ValueError):  # a computation not followed: unknown
             follow = None
-        return self._default(tensor) if follow is None else frozenset(a for a in follow if 0 <= a < rank)
+        return None if follow is None else frozenset(a for a in follow if 0 <= a < rank)
+
+    def _all(self, tensors: Iterable[tf.Tensor], depth: int) -> Optional[List[FrozenSet[int]]]:
+        """The sample axes of each of `tensors`; None if any is unknown."""
+        out = []
+        for t in tensors:
+            axes = self.of(t, depth)
+            if axes is None:
+                return None
+            out.append(axes)
+        return out
 
     def _follow(self, op: tf.Operation, tensor: tf.Tensor, rank: int, depth: int) -> Optional[FrozenSet[int]]:
         kind = op.type
         if kind in TRAINING_NORMS:
             return self.of(op.inputs[0], depth) if tensor.value_index == 0 else None
-        if kind in _ELEMENTWISE:
-            axes = set()
-            for t in op.inputs:
-                r = t.shape.rank
-                if r is None:
-                    return None
-                axes |= {a + rank - r for a in self.of(t, depth)}
-            return frozenset(axes)
+        if kind in _ELEMENTWISE or kind in _SAME_SHAPE:
+            inputs = list(op.inputs) if kind in _ELEMENTWISE else list(op.inputs[:1])
+            inner = self._all(inputs, depth)
+            if inner is None or any(t.shape.rank is None for t in inputs):
+                return None
+            return frozenset(a + rank - t.shape.rank for t, axes in zip(inputs, inner) for a in axes)
+        if kind in ("Shape", "ShapeN", "Size", "Rank"):  # sizes: no axis indexes the samples
+            return frozenset()
+        if kind == "Pack":
+            parts = self._all(op.inputs, depth)
+            axis = op.get_attr("axis") % rank
+            return None if parts is None else frozenset(a + (a >= axis) for a in frozenset().union(*parts))
+        if kind in _MADE_FROM_SHAPE:
+            return self._from_shape(op.inputs[0], depth)
+        if kind in ("Fill", "BroadcastTo"):
+            if kind == "BroadcastTo" and self.of(op.inputs[0], depth) != frozenset():
+                return None
+            return self._from_shape(op.inputs[1 if kind == "BroadcastTo" else 0], depth)
+        if kind in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
+            return self._matmul(op, rank, depth)
+        if kind == "Einsum":
+            return self._einsum(op, depth)
+        if kind in ("GatherV2", "ResourceGather"):
+            return self._gather(op, depth)
+        if kind == "ConcatV2":
+            parts = self._all(op.inputs[:-1], depth)
+            return None if parts is None else frozenset().union(*parts)
+        if kind in ("Split", "SplitV"):  # the pieces keep the value's layout
+            value = op.inputs[1] if kind == "Split" else op.inputs[0]
+            others = [t for t in op.inputs if t is not value]
+            return self.of(value, depth) if all(self.of(t, depth) == frozenset() for t in others) else None
+        inner = self.of(op.inputs[0], depth) if kind in _FOLLOWED else None
+        return None if inner is None else self._move(op, tensor, inner, rank, depth)
+
+    def _move(self, op: tf.Operation, tensor: tf.Tensor, inner: FrozenSet[int], rank: int,
+              depth: int) -> Optional[FrozenSet[int]]:
+        """The sample axes of a layout op's output whose (first) input has the sample axes `inner`."""
+        kind = op.type
         if kind == "Reshape":
             return self._reshape(op, depth)
         if kind == "Transpose":
             perm = _constant(op.inputs[1])
             if perm is None:
                 return None
-            inner = self.of(op.inputs[0], depth)
             return frozenset(j for j, p in enumerate(perm.tolist()) if p in inner)
         if kind == "ExpandDims":
             axis = _constant(op.inputs[1])
             if axis is None:
                 return None
             axis = int(np.ravel(axis)[0]) % rank
-            return frozenset(a + (a >= axis) for a in self.of(op.inputs[0], depth))
+            return frozenset(a + (a >= axis) for a in inner)
         if kind == "Squeeze":
             in_rank = op.inputs[0].shape.rank
             dims = [d % in_rank for d in op.get_attr("squeeze_dims")] if in_rank is not None else None
             if not dims:
                 return None
             kept = [a for a in range(in_rank) if a not in dims]
-            inner = self.of(op.inputs[0], depth)
             return frozenset(j for j, a in enumerate(kept) if a in inner)
-        if kind in REDUCTIONS and op.get_attr("keep_dims"):
-            return self.of(op.inputs[0], depth)  # a reduced axis keeps its place (size 1)
+        if kind in _REDUCING:
+            axes, in_rank = _constant(op.inputs[1]), op.inputs[0].shape.rank
+            if axes is None or in_rank is None:
+                return None
+            if op.get_attr("keep_dims"):
+                return inner  # a reduced axis keeps its place (size 1)
+            reduced = {int(a) % in_rank for a in np.ravel(axes)}
+            kept = [a for a in range(in_rank) if a not in reduced]
+            return frozenset(j for j, a in enumerate(kept) if a in inner)
+        if kind in _SPATIAL:  # convolutions and pools: the samples stay in axis 0 (NHWC and NCHW alike)
+            return inner if inner <= {0} and self.of(op.inputs[-1], depth) in (frozenset(), inner) else None
+        if kind in ("Pad", "PadV2", "MirrorPad", "Tile", "Slice", "Reverse", "ReverseV2", "Roll"):
+            return inner if all(self.of(t, depth) == frozenset() for t in op.inputs[1:]) else None
+        if kind == "StridedSlice":
+            if any(self.of(t, depth) != frozenset() for t in op.inputs[1:]):
+                return None
+            if not inner:  # slicing a tensor no axis of which indexes the samples (a shape)
+                return frozenset()
+            if op.get_attr("ellipsis_mask") or op.get_attr("new_axis_mask"):
+                return None
+            shrink = op.get_attr("shrink_axis_mask")  # x[:, 0]: those axes go
+            kept = [a for a in range(op.inputs[0].shape.rank) if not shrink >> a & 1]
+            return frozenset(j for j, a in enumerate(kept) if a in inner)
+        return self._drop_or_add(op, tensor, inner, rank, depth)
+
+    def _drop_or_add(self, op: tf.Operation, tensor: tf.Tensor, inner: FrozenSet[int], rank: int,
+                     depth: int) -> Optional[FrozenSet[int]]:
+        """Ops removing one axis of their first input or adding one."""
+        kind = op.type
+        if kind in ("ArgMax", "ArgMin", "Unpack") or (
+                kind in ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
+                and tensor.value_index == 0):  # one axis goes: the reduced one, the unpacked one, the classes
+            in_rank = op.inputs[0].shape.rank
+            if kind == "Unpack":
+                gone = op.get_attr("axis") % in_rank
+            elif kind.startswith("Arg"):
+                gone = int(_constant(op.inputs[1])) % in_rank
+            else:
+                gone = in_rank - 1
+                if kind.startswith("Sparse") and self.of(op.inputs[1], depth) is None:
+                    return None
+            return frozenset(a - (a > gone) for a in inner if a != gone)
+        if kind == "OneHot":
+            axis = op.get_attr("axis") % rank
+            return frozenset(a + (a >= axis) for a in inner)
         return None
+
+    def _from_shape(self, shape: tf.Tensor, depth: int) -> Optional[FrozenSet[int]]:
+        """The sample axes of a tensor made with the shape `shape` (an int tensor)."""
+        dims = self._evaluate(shape, depth)
+        if not isinstance(dims, list) or any(d is None for d in dims):
+            return None
+        if any(_SAMPLE in d[1] and d != (1, (_SAMPLE,)) for d in dims):
+            return None
+        return frozenset(j for j, d in enumerate(dims) if d == (1, (_SAMPLE,)))
+
+    def _matmul(self, op: tf.Operation, rank: int, depth: int) -> Optional[FrozenSet[int]]:
+        x, y = op.inputs[:2]
+        inner = self._all((x, y), depth)
+        if inner is None or x.shape.rank is None or y.shape.rank is None:
+            return None
+        if op.type == "MatMul":
+            flips = op.get_attr("transpose_a"), op.get_attr("transpose_b")
+        else:
+            flips = op.get_attr("adj_x"), op.get_attr("adj_y")
+        out = set()
+        for side, (t, axes, flip) in enumerate(zip((x, y), inner, flips)):
+            r = t.shape.rank
+            kept = (r - 1 if flip else r - 2) if side == 0 else (r - 2 if flip else r - 1)  # rows of x, columns of y
+            for a in axes:
+                if a == kept:
+                    out.add(rank - 2 + side)
+                elif a < r - 2:  # a batch axis, aligned right
+                    out.add(a + rank - r)
+                # the contracted axis: summed away
+        return frozenset(out)
+
+    def _einsum(self, op: tf.Operation, depth: int) -> Optional[FrozenSet[int]]:
+        equation = op.get_attr("equation").decode().replace(" ", "")
+        if "." in equation or "->" not in equation:
+            return None
+        inputs, output = equation.split("->")
+        specs = inputs.split(",")
+        inner = self._all(op.inputs, depth)
+        if inner is None or len(specs) != len(inner):
+            return None
+        return frozenset(output.index(spec[a]) for spec, axes in zip(specs, inner) for a in axes
+                         if spec[a] in output)
+
+    def _gather(self, op: tf.Operation, depth: int) -> Optional[FrozenSet[int]]:
+        params, indices = op.inputs[:2]
+        axis = _constant(op.inputs[2]) if op.type == "GatherV2" else np.array(0)
+        if axis is None or int(np.ravel(axis)[0]) != 0 or op.get_attr("batch_dims"):
+            return None
+        if self.of(params, depth) != frozenset():  # gathering from a batch-dependent tensor: not followed
+            return None
+        return self.of(indices, depth)  # gathered rows [indices..., row...]: the indices' axes lead
 
     def _symbolic_dims(self, tensor: tf.Tensor, depth: int) -> Optional[List[_Dim]]:
         """tensor's dimensions as symbols: the sample axis -> _SAMPLE, a static size -> itself, else a name."""
@@ -166,11 +342,13 @@ class SampleAxes:
         if shape.rank is None:
             return None
         sample = self.of(tensor, depth)
+        if sample is None:
+            return None
         dims = []
         for i, size in enumerate(shape.as_list()):
-            if i in sample:
+            if i in sample and size is None:
                 dims.append((1, (_SAMPLE,)))
-            elif size is not None:
+            elif size is not None:  # a static batch size too: the block arithmetic holds for numbers
                 dims.append((int(size), ()))
             else:
                 dims.append((1, ((tensor.name, i),)))
@@ -236,6 +414,8 @@ class SampleAxes:
     def _reshape(self, op: tf.Operation, depth: int) -> Optional[FrozenSet[int]]:
         source = op.inputs[0]
         sample = self.of(source, depth)
+        if sample is None:
+            return None
         if not sample:
             return frozenset()
         if len(sample) != 1:
@@ -267,26 +447,48 @@ class SampleAxes:
     # -- batch statistics -------------------------------------------------------------------------------------
 
     def fused_norm_over_batch(self, op: tf.Operation) -> bool:
-        """A training-mode FusedBatchNorm* reducing over a sample axis of its input (a batch norm)."""
+        """A training-mode FusedBatchNorm* reducing over a sample axis of its input (a batch norm), or whose
+        input's sample axis is unknown (then a batch norm, as every training-mode fused norm was before)."""
         if not is_training_fused_norm(op):
             return False
         x = op.inputs[0]
+        sample = self.of(x)
+        if sample is None:
+            return True
         rank = x.shape.rank or 4
         data_format = op.get_attr("data_format").decode() or "NHWC"
         channel = _CHANNEL_AXIS.get(data_format, -1) % rank
         sizes = x.shape.as_list() if x.shape.rank is not None else [None] * rank
         reduced = {a for a in range(rank) if a != channel and sizes[a] != 1}
-        return bool(self.of(x) & reduced)
+        return bool(sample & reduced)
 
-    def reduction_over_batch(self, op: tf.Operation) -> bool:
-        """A Mean or Sum keeping dimensions over constant axes that include a sample axis (tf.nn.moments')."""
+    def _reduction_axes(self, op: tf.Operation) -> Optional[FrozenSet[int]]:
+        """The axes of a Mean or Sum keeping dimensions over constant axes; None for anything else."""
         if op.type not in REDUCTIONS or not op.get_attr("keep_dims"):
-            return False
+            return None
         axes, rank = _constant(op.inputs[1]), op.inputs[0].shape.rank
         if axes is None or not rank:
-            return False
-        return bool(self.of(op.inputs[0]) & {int(a) % rank for a in np.ravel(axes)})
+            return None
+        return frozenset(int(a) % rank for a in np.ravel(axes))
+
+    def reduction_over_batch(self, op: tf.Operation) -> bool:
+        """A Mean or Sum keeping dimensions over constant axes that include a proven sample axis (tf.nn.moments')."""
+        axes = self._reduction_axes(op)
+        sample = self.of(op.inputs[0]) if axes is not None else None
+        return sample is not None and bool(sample & axes)
 
     def batch_statistics(self, ops: Iterable[tf.Operation]) -> List[tf.Operation]:
-        """The ops among `ops` computing statistics over the batch: batch norms, fused or not."""
+        """The ops among `ops` computing statistics over the batch: batch norms, fused or not (the fused ones
+        whose input's sample axis is unknown included)."""
         return [op for op in ops if self.fused_norm_over_batch(op) or self.reduction_over_batch(op)]
+
+    def unproven_reductions(self, ops: Iterable[tf.Operation]) -> List[tf.Operation]:
+        """The Means and Sums keeping dimensions over constant axes including axis 0 of an input whose sample
+        axis is unknown: maybe batch statistics (the rule before the analysis), neither synchronized nor warned
+        about; batch_norm="sync" refuses them in replicated stages."""
+        out = []
+        for op in ops:
+            axes = self._reduction_axes(op)
+            if axes is not None and 0 in axes and self.of(op.inputs[0]) is None:
+                out.append(op)
+        return out

@@ -31,17 +31,21 @@ Two rules keep one layer per model layer, both decided from the graph, not from 
   the graph (the first op of another scope consuming them, through unscoped ops such as the
   `ReadVariableOp`s colocated with a variable). Keras 3 builds a layer in one name scope and calls
   it in another (`dense` then `dense_1`; `sequential/dense` then `sequential_1/dense_1`): the layer
-  is ordered by the scope it computes in. It is named by the scope its variables were created in
-  when that scope is the only one joining it, the computing scope creates no variable, and the
-  two are one name entered twice (TF names a scope entered again `<name>_<k>`: "d0" then "d0_1";
-  "dense_1_1" then "dense_1_2" when "dense_1" was taken); so a Keras 3 layer named "d0" is "d0"
-  as in Keras 2. Otherwise the computing scope's name stays (Keras 3's Dropout computes in its
+  is ordered by the scope it computes in. It is named by the Keras layer's own name when one
+  Keras 3 object opened both scopes as its own name scope (recorded while the model is built:
+  `_keras_scopes_recorded`), the variables' scope is the only one joining it and the computing scope
+  creates no variable: TF names a scope entered again, or a name already taken, `<name>_<k>`, so the
+  second unnamed Dense ("dense_1") builds in "dense_1_1" and computes in "dense_1_2", and is "dense_1"
+  (as in Keras 2). Otherwise the computing scope's name stays (Keras 3's Dropout computes in its
   own scope with the variable of a `seed_generator` scope; a Keras 3 functional model at depth 1
-  keeps its call scope's name, `functional_1`: the variables of all its layers join it). Keras
-  2's functional models, which also apply their layers to the `keras.Input` placeholders, count
-  only the ops the loss needs as computation. While a model is recorded, Keras 3 numbers unnamed
-  layers per graph, as Keras 2 does (`_keras_names_per_graph`): a profile and a training graph
-  built later in the same process name the same layers.
+  keeps its call scope's name, `functional_1`: the variables of all its layers join it). While ops
+  are created (placement), a computing scope takes the layer of a variables-only scope when its
+  first op reads those variables or when the same Keras 3 layer opened both. Keras 2's functional
+  models, which also apply their layers to the `keras.Input` placeholders, count only the ops the
+  loss needs as computation. While a model is recorded, Keras 3 numbers unnamed layers per graph,
+  from the names it gave outside recordings (`_keras_names_per_graph`): a profile and a training
+  graph built later in the same process name the same layers, and no new layer takes the name of
+  one made at a module's top level.
 - After unused layers are dropped, a last layer that creates no variables and computes the loss
   (the loss's own scope, e.g. `SparseSoftmaxCrossEntropyWithLogits` at depth 1) joins the layer
   before it.
@@ -51,6 +55,7 @@ import collections
 import contextlib
 import fnmatch
 import sys
+import threading
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -110,10 +115,16 @@ class ScopeRecorder:
         self.device_for_layer = device_for_layer
         self.layers: List[LayerRecord] = []
         self._provisional: Dict[str, int] = {}  # layer name -> index, as seen while ops are created
-        self._variables_only: set = set()  # provisional names with only variable-creating ops so far
+        self._variables_only: Dict[str, None] = {}  # provisional names with only variable-creating ops so far
         self._scopes_of: Dict[tf.Operation, tuple] = {}  # op -> (name scope, variable scope, made by a variable)
         self._created: List[tf.Operation] = []
         self._requested_in: List[tuple] = []  # while a variable is created: the scopes it was asked for in
+        self._placed_in: Dict[tf.Operation, str] = {}  # op -> its layer as known while ops are created
+        self._last_before = -1
+        self._provisional_names: List[str] = []  # provisional index -> the name device_for_layer is given
+        # Keras 3: TF name scope -> (the object that opened it as its Keras name scope, that Keras name), recorded
+        # while the model is built (_keras_scopes_recorded); empty for Keras 2.
+        self._keras_scopes: Dict[str, tuple] = {}
 
     @property
     def names(self) -> List[str]:
@@ -133,27 +144,65 @@ class ScopeRecorder:
         # Placement (of variables, mostly) cannot wait for _finish: it uses the layer as known so far.
         scope = scopes[0] if scopes[2] or op.name != scopes[0] else scopes[0].rpartition("/")[0]
         name = self.spec.layer_of_scope(scope) or self.spec.layer_of_scope(scopes[1])
-        if name is None or op.device or self.device_for_layer is None:
+        if name is None:
             return op.device
-        return self.device_for_layer(name, self._provisional_index(name, scopes[2])) or ""
+        index = self._provisional_index(name, scopes[2], op)
+        self._placed_in[op] = name
+        if op.device or self.device_for_layer is None:
+            return op.device
+        return self.device_for_layer(self._provisional_names[index], index) or ""
 
-    def _provisional_index(self, name: str, made_by_variable: bool) -> int:
-        """The layer index of a scope as known while ops are created: a computing scope that is a
-        variables-only scope entered again (Keras 3's call scope "d0_1" after its build scope "d0")
-        shares its index, so that variables are placed with their layer's stage (_finish decides)."""
+    def _provisional_index(self, name: str, made_by_variable: bool, op: tf.Operation) -> int:
+        """The layer index of a scope as known while ops are created. A computing scope seen for the first time
+        shares the index of a variables-only scope (so that variables are placed with their layer's stage;
+        _finish decides) when its first op reads that scope's variables, or when Keras 3 opened both as the
+        name scope of one layer (its build scope "d0" and its call scope "d0_1")."""
         if name not in self._provisional:
-            shared = None if made_by_variable else next(
-                (v for v in sorted(self._variables_only) if _reentered(v, name)), None)
+            shared = None if made_by_variable else self._variables_read_by(op) or self._built_by_same_keras_layer(name)
             if shared is not None:
                 self._provisional[name] = self._provisional[shared]
-                self._variables_only.discard(shared)
+                self._variables_only.pop(shared)
+                if not self._same_keras_layer(shared, name):  # as _finish names it: after the computing scope
+                    self._provisional_names[self._provisional[name]] = name
             else:
-                self._provisional[name] = len(set(self._provisional.values()))
+                self._provisional[name] = len(self._provisional_names)
+                self._provisional_names.append(self._keras_name(name) if made_by_variable else name)
                 if made_by_variable:
-                    self._variables_only.add(name)
+                    self._variables_only[name] = None
         elif not made_by_variable:
-            self._variables_only.discard(name)
+            self._variables_only.pop(name, None)
         return self._provisional[name]
+
+    def _variables_read_by(self, op: tf.Operation) -> Optional[str]:
+        """The variables-only scope whose variables `op` reads, through ops of no scope (the `ReadVariableOp`s
+        colocated with a variable), or None."""
+        stack, seen = [t.op for t in op.inputs], set()
+        while stack:
+            producer = stack.pop()
+            if producer in seen:
+                continue
+            seen.add(producer)
+            if producer in self._placed_in:
+                if self._placed_in[producer] in self._variables_only:
+                    return self._placed_in[producer]
+            elif producer not in self._scopes_of and producer._id > self._last_before:
+                stack.extend(t.op for t in producer.inputs)
+        return None
+
+    def _built_by_same_keras_layer(self, name: str) -> Optional[str]:
+        return next((v for v in self._variables_only if self._same_keras_layer(v, name)), None)
+
+    def _same_keras_layer(self, first: str, again: str) -> bool:
+        """Did one Keras 3 object open both name scopes as its own (a layer's build scope and its call scope)?"""
+        a, b = self._keras_scopes.get(first), self._keras_scopes.get(again)
+        return a is not None and b is not None and a[0] is not None and a[0] is b[0]
+
+    def _keras_name(self, scope: str) -> str:
+        """A scope named by Keras 3's own name scopes where Keras opened them: TF names a name scope entered
+        again `<name>_<k>` ("dense_1_1" for the Keras layer "dense_1" when "dense_1" was taken)."""
+        parts = scope.split("/")
+        return "/".join(self._keras_scopes.get("/".join(parts[:i + 1]), (None, part))[1]
+                        for i, part in enumerate(parts))
 
     def _scopes(self):
         return self.graph.get_name_scope(), tf.compat.v1.get_variable_scope().name
@@ -169,9 +218,12 @@ class ScopeRecorder:
 
     @contextlib.contextmanager
     def activate(self):
-        first = len(self.graph.get_operations())
+        existing = self.graph.get_operations()
+        first = len(existing)
+        self._last_before = existing[-1]._id if existing else -1  # ops up to this id were made before recording
         with tf.compat.v1.device(self._place), tf.variable_creator_scope(self._variable_creator), \
-                tf.compat.v1.variable_creator_scope(self._variable_creator), _keras_names_per_graph(self.graph):
+                tf.compat.v1.variable_creator_scope(self._variable_creator), _keras_names_per_graph(self.graph), \
+                _keras_scopes_recorded(self.graph, self._keras_scopes):
             yield self
         # Every op made meanwhile (ops colocated with a variable skip device functions: no scope of their own).
         self._created = self.graph.get_operations()[first:]
@@ -273,9 +325,14 @@ class ScopeRecorder:
         guests: Dict[str, List[str]] = {}
         for name, computing in host.items():
             guests.setdefault(computing, []).append(name)
-        for computing, created_in in guests.items():  # Keras 3: the layer's own name, where its variables are
-            if len(created_in) == 1 and computing not in creating and _reentered(created_in[0], computing):
-                names[computing] = created_in[0]
+        renamed = {computing: self._keras_name(created_in[0]) for computing, created_in in guests.items()
+                   if len(created_in) == 1 and computing not in creating
+                   and self._same_keras_layer(created_in[0], computing)}
+        taken = {name for name in index if name not in renamed}
+        for computing, name in renamed.items():  # Keras 3: the layer's own name, the scope of its variables
+            if name not in taken:
+                names[computing] = name
+                taken.add(name)
         created = set(self._created)
         for op in self._created:  # creation order: producers first
             if op not in layer_of:
@@ -294,19 +351,6 @@ class ScopeRecorder:
         return [LayerRecord(name=names[n], index=i, ops=ops[i]) for n, i in index.items()]
 
 
-def _reentered(first: str, again: str) -> bool:
-    """Are both scopes one name entered twice? TF names a scope entered again `<name>_<k>`: "d0" and "d0_1",
-    "seq/d0" and "seq_1/d0_1", or, when "dense_1" was taken, "dense_1_1" and "dense_1_2" (both "dense_1")."""
-    a, b = first.split("/"), again.split("/")
-    return len(a) == len(b) and a != b and all(_bases(x) & _bases(y) for x, y in zip(a, b))
-
-
-def _bases(component: str) -> set:
-    """The names a scope component can have been entered as: itself, and without a `_<k>` suffix."""
-    stem, sep, k = component.rpartition("_")
-    return {component, stem} if sep and stem and k.isdigit() else {component}
-
-
 _VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 
 
@@ -314,26 +358,96 @@ def _creates_variables(ops) -> bool:
     return any(op.type in _VARIABLE_OP_TYPES for op in ops)
 
 
+def _keras_state():
+    """Keras 3's global state module (thread-local state: name counters, name scopes), None for Keras 2."""
+    state = sys.modules.get("keras.src.backend.common.global_state")
+    return state if state is not None and hasattr(state, "get_global_attribute") else None
+
+
 _KERAS_NAMES = weakref.WeakKeyDictionary()  # graph -> Keras 3's name counters while building in it
+_OUTSIDE = threading.local()  # .taken: counts of the names Keras 3 gave outside recordings; .left; .depth
 
 
 @contextlib.contextmanager
 def _keras_names_per_graph(graph: tf.Graph):
     """Keras 3 numbers unnamed layers across the whole process ("dense", then "dense_1" in the next
     graph), Keras 2 per graph. Scope layers are named after them, so a profile and the training graph
-    built later in the same process would disagree: while a model is recorded, the graph's own
-    counters are Keras 3's (as Keras 2 does); the process's counters then continue past both."""
-    state = sys.modules.get("keras.src.backend.common.global_state")
-    if state is None or not hasattr(state, "get_global_attribute"):  # Keras 2, or Keras 3 not imported yet
+    built later in the same process would disagree. While a model is recorded, Keras 3 counts in the
+    graph's own counters, which start from the names Keras gave outside recordings (layers made at a
+    module's top level, before or between recordings): both graphs name the same layers, and no new
+    layer takes the name of one made outside. On leaving (also on an exception), the counters that were
+    current (the process's, or an enclosing recording's) continue past every name given inside."""
+    state = _keras_state()
+    if state is None:  # Keras 2, or Keras 3 not imported yet
         yield
         return
     before = state.get_global_attribute("object_name_uids")
+    if not getattr(_OUTSIDE, "depth", 0):  # names given since the last recording ended were given outside
+        taken, left = getattr(_OUTSIDE, "taken", {}), getattr(_OUTSIDE, "left", {})
+        if before is not getattr(_OUTSIDE, "left_counters", None):  # new counters (keras clear_session): from 0
+            taken, left = {}, {}
+        for name, count in (before or {}).items():
+            if count != left.get(name, 0):
+                taken[name] = max(taken.get(name, 0), count)
+        _OUTSIDE.taken = taken
     own = _KERAS_NAMES.setdefault(graph, collections.defaultdict(int))
+    for name, count in _OUTSIDE.taken.items():
+        own[name] = max(own[name], count)
     state.set_global_attribute("object_name_uids", own)
+    _OUTSIDE.depth = getattr(_OUTSIDE, "depth", 0) + 1
     try:
         yield
     finally:
-        merged = collections.defaultdict(int, before or {})
+        _OUTSIDE.depth -= 1
+        if before is None:
+            before = collections.defaultdict(int)
         for name, count in own.items():
-            merged[name] = max(merged[name], count)
-        state.set_global_attribute("object_name_uids", merged)
+            before[name] = max(before.get(name, 0), count)
+        state.set_global_attribute("object_name_uids", before)
+        if not _OUTSIDE.depth:
+            _OUTSIDE.left, _OUTSIDE.left_counters = dict(before), before
+
+
+@contextlib.contextmanager
+def _keras_scopes_recorded(graph: tf.Graph, opened: Dict[str, tuple]):
+    """Records, for Keras 3, the TF name scope each Keras name scope opens in `graph`: TF scope -> (the
+    object opening it, its Keras name). A Keras 3 layer opens its own name scope (caller=the layer) to
+    build and again to be called; TF names the second entry, or a name already taken, `<name>_<k>`."""
+    state = _keras_state()
+    if state is None:
+        yield
+        return
+    before = state.get_global_attribute("name_scope_stack")
+    state.set_global_attribute("name_scope_stack", _RecordingScopeStack(before or [], graph, opened))
+    try:
+        yield
+    finally:
+        state.set_global_attribute("name_scope_stack", before)
+
+
+class _RecordingScopeStack(list):
+    """Keras 3's stack of open name scopes; each pushed scope's TF name scope reports the name TF gave it."""
+
+    def __init__(self, items, graph, opened):
+        super().__init__(items)
+        self._graph, self._opened = graph, opened
+
+    def append(self, entry):
+        tf_scope = getattr(entry, "_tf_name_scope", None)
+        if tf_scope is not None and not isinstance(tf_scope, _OpenedScope):
+            entry._tf_name_scope = _OpenedScope(tf_scope, entry, self._graph, self._opened)
+        super().append(entry)
+
+
+class _OpenedScope:
+    def __init__(self, scope, entry, graph, opened):
+        self._scope, self._entry, self._graph, self._opened = scope, entry, graph, opened
+
+    def __enter__(self):
+        scope_name = self._scope.__enter__()
+        if isinstance(scope_name, str) and scope_name and tf.compat.v1.get_default_graph() is self._graph:
+            self._opened[scope_name.rstrip("/")] = (getattr(self._entry, "caller", None), self._entry.name)
+        return scope_name
+
+    def __exit__(self, *args):
+        return self._scope.__exit__(*args)

@@ -176,7 +176,8 @@ def rewrite(stage: graph_defs_lib.StageGraphDef, index: int, devices: Sequence[s
 
     statistics: the nodes to synchronize (batch_norm.prepare, from the template graph): a fused norm's name ->
     None, a Mean's name -> (rank of its input, its reduction axes). None: every training-mode fused norm
-    (the behaviour before statistics were told apart by their axes)."""
+    (the behaviour before statistics were told apart by their axes). A name that is not a node of the
+    stage's graph (missing, or inside a function body) is a DappleError."""
     for function in stage.graph_def.library.function:
         inner = [n.name for n in function.node_def if is_training_norm(n)]
         if inner:
@@ -191,6 +192,19 @@ def rewrite(stage: graph_defs_lib.StageGraphDef, index: int, devices: Sequence[s
     if statistics is None:
         statistics = {n.name: None for n in out.node if is_training_norm(n)}
     nodes = [n for n in out.node if n.name in statistics]
+    missing = sorted(set(statistics) - {n.name for n in nodes})
+    if missing:
+        inner = {n.name: f.signature.name for f in stage.graph_def.library.function for n in f.node_def}
+        if missing[0] in inner:
+            where = (f"inside function {inner[missing[0]]} (a tf.cond or loop body), which cannot be synchronized; "
+                     "compute it outside control flow")
+        else:
+            where = "not in the stage's graph, so it cannot be synchronized"
+        raise DappleError(
+            f"batch_norm='sync': stage {index} should synchronize the batch statistic {missing[0]}"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}, but it is {where}; or use "
+            "batch_norm='per_slice'"
+        )
     if not nodes:
         return SyncedStage(stage, 0)
     if INSTANCE_BASE in names:

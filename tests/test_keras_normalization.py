@@ -7,6 +7,7 @@ by batch_norm="sync", equal to single-device training. BatchNormalization (2-D a
 like one device fed the micro-batches (sync) or the slices (per_slice), moving statistics included.
 """
 
+import functools
 import warnings
 
 import numpy as np
@@ -16,7 +17,10 @@ import tensorflow as tf
 import dapple_tf
 from dapple_tf import normalization
 from dapple_tf.batch_norm import BatchNormWarning, MovingStatisticsWarning
-from tests.pipeline_harness import assert_close_dicts, cpu, train_pipelined, train_single
+from dapple_tf import sync_batch_norm
+from dapple_tf.errors import DappleError
+from dapple_tf.graph_defs import StageGraphDef
+from tests.pipeline_harness import assert_close_dicts, cpu, initial_weights, train_pipelined, train_single
 from tests.test_pipeline_sync_batch_norm import assert_close, max_difference, pipelined, reference
 
 layers = tf.keras.layers
@@ -208,3 +212,138 @@ def test_statistics_are_told_apart_by_the_axes_they_reduce_over():
     assert _statistics_of(lambda x: layers.BatchNormalization()(x, training=True), [None, 6]) == ["Mean", "Mean"]
     assert _statistics_of(lambda x: layers.BatchNormalization()(x, training=True), image) == (
         ["Mean", "Mean"] if KERAS_MAJOR >= 3 else ["FusedBatchNormV3"])
+
+
+def test_statistics_after_an_rnn_are_not_taken_for_batch_statistics():
+    """A Keras RNN runs time-major in a while loop the analysis does not follow and transposes back: the sample
+    axis of its output is unknown, not guessed (guessing axis 0 inside the loop put it on the time axis)."""
+    sequence = [None, 5, 3]
+    lstm = lambda x: layers.LSTM(4, return_sequences=True)(x)  # noqa: E731
+    assert _statistics_of(lambda x: tf.reduce_mean(lstm(x), axis=1, keepdims=True), sequence) == []
+    assert _statistics_of(lambda x: layers.GlobalAveragePooling1D(keepdims=True)(lstm(x)), sequence) == []
+    assert _statistics_of(
+        lambda x: tf.reduce_sum(layers.GRU(4, return_sequences=True)(x), 1, keepdims=True), sequence) == []
+    assert _statistics_of(lambda x: tf.reduce_mean(lstm(x), axis=1, keepdims=True), [8, 5, 3]) == []
+    # a map_fn over the batch, then a time-major transpose: unknown, so the mean over axis 0 is no batch statistic
+    assert _statistics_of(lambda x: tf.reduce_mean(tf.transpose(tf.map_fn(lambda r: r * 2.0, x), [1, 0, 2]), 0,
+                                                   keepdims=True), sequence) == []
+    # unknown axis: a training-mode fused norm is a batch norm (the rule before the analysis) ...
+    assert _statistics_of(lambda x: _fused(tf.reshape(lstm(x), [-1, 5, 4, 1])), sequence) == ["FusedBatchNormV3"]
+    # ... and a Mean keeping dims over axis 0 is an unproven one, which sync refuses in replicated stages
+    with tf.Graph().as_default() as graph:
+        x = tf.compat.v1.placeholder(tf.float32, sequence)
+        mean = tf.reduce_mean(lstm(x), axis=[0, 1], keepdims=True)
+        analysis = normalization.SampleAxes(graph, [x.op])
+        assert analysis.of(mean) is None
+        assert analysis.batch_statistics([mean.op]) == [] and analysis.unproven_reductions([mean.op]) == [mean.op]
+    # followed ops keep it proven: dropout's random mask, an embedding lookup, attention, convolutions
+    assert _statistics_of(lambda x: tf.nn.moments(layers.Dropout(0.5)(layers.Dense(3)(x), training=True), [0, 1]),
+                          sequence) == ["Mean", "Mean"]
+    assert _statistics_of(lambda x: layers.LayerNormalization()(layers.MultiHeadAttention(2, 3)(x, x)), sequence) == []
+    assert _statistics_of(lambda x: tf.nn.moments(layers.Embedding(10, 3)(tf.cast(x, tf.int32)), [0, 1]),
+                          [None, 5]) == ["Mean", "Mean"]
+    assert _statistics_of(lambda x: tf.nn.moments(layers.MaxPooling2D()(layers.Conv2D(3, 1)(x)), [1, 2, 3]),
+                          [None, 4, 4, 3]) == []
+    assert _statistics_of(lambda x: tf.nn.moments(x[:, 0], [0]), sequence) == ["Mean", "Mean"]
+    deep = lambda x: tf.nn.moments(functools.reduce(lambda h, _: tf.tanh(h) * 1.5, range(300), x), [0])  # noqa: E731
+    assert _statistics_of(deep, [None, 6]) == ["Mean", "Mean"]  # far from the inputs: still followed
+    assert _statistics_of(lambda x: layers.LayerNormalization()(x[:, -1]), sequence) == []
+
+
+def rnn_model_fn(pool):
+    """LSTM(return_sequences=True) -> a per-sample mean over time keeping dims (h - mean, or
+    GlobalAveragePooling1D(keepdims=True)), then the head."""
+
+    def model_fn(features, labels):
+        with dapple_tf.layer("body"):
+            h = layers.LSTM(4, return_sequences=True, name="lstm")(tf.reshape(features, [-1, 3, 2]))
+            if pool:
+                h = h * layers.GlobalAveragePooling1D(keepdims=True)(h)
+            else:
+                h = h - tf.reduce_mean(h, axis=1, keepdims=True)
+            h = tf.reshape(h, [-1, 12])
+        with dapple_tf.layer("head"):
+            return _xent(labels, layers.Dense(4, name="out")(h))
+
+    return model_fn
+
+
+@pytest.mark.parametrize("batch_norm", ["per_slice", "sync"])
+@pytest.mark.parametrize("n,pool", [(8, False), (7, False), (8, True)])
+def test_per_sample_means_after_an_rnn_train_like_one_device(batch_norm, n, pool):
+    """A replicated stage, M=1 (slices of 4 and 4, or 4 and 3): nothing to synchronize, nothing to warn about."""
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(n, 6).astype(np.float32), rng.randint(0, 4, n).astype(np.int32)
+    model_fn = rnn_model_fn(pool)
+    optimizer = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5)  # noqa: E731
+    initial = initial_weights(model_fn, x, y)
+    _, want, want_losses = train_single(model_fn, x, y, optimizer, 2, initial=initial)
+    plan = dapple_tf.Plan.from_stages(LAYOUTS["replicated"], num_micro_batches=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, got, losses, handle, _ = train_pipelined(model_fn, x, y, optimizer, plan, "dapple", 2, initial=initial,
+                                                    batch_norm=batch_norm)
+    assert not [w for w in caught if issubclass(w.category, BatchNormWarning)], [str(w.message) for w in caught]
+    np.testing.assert_allclose(losses, want_losses, rtol=2e-5, atol=2e-6)
+    assert_close_dicts(want, got, rtol=2e-5, atol=2e-6)
+
+
+def test_sync_refuses_a_mean_over_axis_0_whose_sample_axis_cannot_be_told():
+    def model_fn(features, labels):
+        with dapple_tf.layer("body"):
+            h = layers.LSTM(4, return_sequences=True, name="lstm")(tf.reshape(features, [-1, 3, 2]))
+            h = tf.reshape(h - tf.reduce_mean(h, axis=[0, 1], keepdims=True), [-1, 12])
+        with dapple_tf.layer("head"):
+            return _xent(labels, layers.Dense(4, name="out")(h))
+
+    with pytest.raises(DappleError, match=r"stage 0, which is replicated, computes a Mean keeping dims over axis 0 in "
+                                          r"body/Mean of a tensor whose sample axis cannot be told \(it comes from "
+                                          r"body/lstm.+\), which the analysis does not follow\)"):
+        _train_replicated_sync(model_fn)
+
+
+def _train_replicated_sync(model_fn):
+    """One sync-batch-norm step of model_fn (features [8, 6]) with its first stage replicated, M=1."""
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(8, 6).astype(np.float32), rng.randint(0, 4, 8).astype(np.int32)
+    optimizer = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5)  # noqa: E731
+    plan = dapple_tf.Plan.from_stages(LAYOUTS["replicated"], num_micro_batches=1)
+    return train_pipelined(model_fn, x, y, optimizer, plan, "dapple", 1, batch_norm="sync")
+
+
+def test_sync_refuses_a_fused_norm_whose_sample_axis_cannot_be_told():
+    """A fused norm after an RNN may be per-sample (Keras 2's LayerNormalization is this op): sync refuses to
+    synchronize it rather than guess; per_slice trains it as before."""
+    def model_fn(features, labels):
+        with dapple_tf.layer("body"):
+            h = layers.LSTM(4, return_sequences=True, name="lstm")(tf.reshape(features, [-1, 3, 2]))
+            h, _, _ = tf.compat.v1.nn.fused_batch_norm(tf.reshape(h, [-1, 3, 4, 1]), tf.ones([1]), tf.zeros([1]),
+                                                       is_training=True, name="norm")
+        with dapple_tf.layer("head"):
+            return _xent(labels, layers.Dense(4, name="out")(tf.reshape(h, [-1, 12])))
+
+    with pytest.raises(DappleError, match=r"stage 0, which is replicated, runs the fused norm body/norm on a tensor "
+                                          r"whose sample axis cannot be told \(it comes from body/lstm.+use "
+                                          r"batch_norm='per_slice'"):
+        _train_replicated_sync(model_fn)
+
+
+def test_sync_rewrite_refuses_statistics_it_cannot_find():
+    @tf.function
+    def inner(x):
+        return tf.reduce_mean(x, 0, keepdims=True, name="inner_mean")
+
+    with tf.Graph().as_default() as graph:
+        x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
+        tf.reduce_mean(x, 0, keepdims=True, name="mean")
+        inner(x)
+    stage = StageGraphDef(graph.as_graph_def(), set(), False)
+    rewrite = lambda statistics: sync_batch_norm.rewrite(  # noqa: E731
+        stage, 0, [cpu(0), cpu(1)], 1, "auto", statistics)
+    assert rewrite({"mean": (2, (0,))}).num_keys == sync_batch_norm.KEYS_PER_NORM
+    with pytest.raises(DappleError, match=r"stage 0 should synchronize the batch statistic gone/mean \(and 1 more\), "
+                                          r"but it is not in the stage's graph"):
+        rewrite({"mean": (2, (0,)), "gone/mean": (2, (0,)), "gone/variance": (2, (0,))})
+    with pytest.raises(DappleError, match=r"the batch statistic inner_mean, but it is inside function .*inner.* \(a "
+                                          r"tf.cond or loop body\), which cannot be synchronized"):
+        rewrite({"inner_mean": (2, (0,))})

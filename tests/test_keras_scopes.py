@@ -25,6 +25,17 @@ def recorded(model_fn, depth=1, n_in=6):
         return recorder, loss
 
 
+def placed(model_fn, depth=1):
+    """(recorder, the (name, index) pairs device_for_layer was asked for while model_fn's ops were created)."""
+    asked = []
+    with tf.Graph().as_default() as graph:
+        recorder = dapple_tf.layers_by_scope(depth=depth).recorder(graph, lambda *name_index: asked.append(name_index))
+        with recorder.activate():
+            loss = model_fn(tf.compat.v1.placeholder(tf.float32, [None, 6]), tf.compat.v1.placeholder(tf.int32, [None]))
+        recorder.drop_layers_unused_by(loss)
+    return recorder, asked
+
+
 def xent(labels, logits):
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
 
@@ -84,16 +95,73 @@ def test_sequential_layers_at_depth_2_hold_their_weights():
     assert weights_with_their_ops(recorder) == set()
 
 
+def keras_3():
+    """Keras 3's global state (its name counters and name scopes), or None (Keras 2)."""
+    K.layers.Dense  # noqa: B018 (tf.keras loads Keras lazily)
+    return scopes._keras_state()
+
+
 def test_names_do_not_depend_on_models_built_before():
     # Keras 3 numbers unnamed layers per process, Keras 2 per graph: the recorder makes both per graph, so
     # a profile and a training graph built later in one process name the same layers.
+    if keras_3():
+        K.backend.clear_session()  # numbering from 0, as in a new process
+    made = []
+
     def unnamed(x, y):
-        h = K.layers.Dense(8)(x)
-        return xent(y, K.layers.Dense(4)(h))
+        made[:] = [K.layers.Dense(8), K.layers.Dense(4)]
+        return xent(y, made[1](made[0](x)))
 
     first = recorded(unnamed)[0].names
+    # Each layer is its Keras layer's name: "dense_1", not the scope TF gave Keras 3's variables ("dense_1_1",
+    # "dense_1" being the first Dense's call scope) nor its call scope ("dense_1_2").
+    assert first == [layer.name for layer in made] == ["dense", "dense_1"]
     assert recorded(unnamed)[0].names == first
-    assert len(first) == 2 and first[0] == "dense"  # the second: "dense_1" (Keras 2), "dense_1_1" (Keras 3)
+
+
+def test_a_layer_made_before_recording_keeps_a_name_no_new_layer_takes():
+    # Keras 3: a layer made outside model_fn (at a module's top level) has taken "dense"; a new Dense in the
+    # same functional model must not be named "dense" again (Keras: 'The name "dense" is used 2 times').
+    if not keras_3():
+        pytest.skip("Keras 2 numbers layers per graph: a layer made outside the graph is not called in it")
+    K.backend.clear_session()
+    made_before = K.layers.Dense(8, activation="tanh")
+
+    def model_fn(x, y):
+        inputs = K.Input((6,))
+        return xent(y, K.Model(inputs, K.layers.Dense(4)(made_before(inputs)))(x))
+
+    recorder, loss = recorded(model_fn)
+    assert made_before.name == "dense" and len(recorder.names) == 1
+    assert recorder.layer_of_op()[loss.op.name] == 0
+
+
+def test_keras_name_counters_are_restored_after_nested_recordings_and_errors():
+    state = keras_3()
+    if not state:
+        pytest.skip("Keras 3 only: Keras 2 numbers layers per graph")
+    counters, stack = state.get_global_attribute("object_name_uids"), state.get_global_attribute("name_scope_stack")
+    made = []
+
+    def failing(x, y):
+        made.append(K.layers.Dense(2))
+        made[-1](x)
+        raise RuntimeError("model_fn failed")
+
+    def nesting(x, y):
+        made.append(K.layers.Dense(3))
+        with pytest.raises(RuntimeError, match="model_fn failed"):
+            recorded(failing)  # a recording on another graph, inside this one, ending in an error
+        own = scopes._KERAS_NAMES[tf.compat.v1.get_default_graph()]
+        assert state.get_global_attribute("object_name_uids") is own  # this graph's counters again
+        made.append(K.layers.Dense(4))
+        return xent(y, made[-1](made[0](x)))
+
+    assert len(recorded(nesting)[0].names) == 2
+    now = state.get_global_attribute("object_name_uids")
+    assert now is counters or counters is None
+    assert state.get_global_attribute("name_scope_stack") is stack
+    assert K.layers.Dense(1).name not in {layer.name for layer in made}  # the process's counters went past them
 
 
 def test_a_scope_of_variables_only_joins_the_scope_computing_with_them():
@@ -131,14 +199,39 @@ def test_profile_of_a_keras_model_lists_each_layer_once():
     assert [layer.parameter_bytes for layer in profile.layers] == [4 * (6 * 8 + 8), 4 * 16, 4 * (8 * 4 + 4)]
 
 
-@pytest.mark.parametrize("first, again, same", [
-    ("d0", "d0_1", True), ("seq/d0", "seq_1/d0_1", True), ("dense_1_1", "dense_1_2", True),
-    ("dense_1", "dense_1_1", True),
-    ("dense", "dense_1_2", False), ("seed_generator", "drop_1", False), ("d0", "d0", False), ("a", "a/b", False),
-    ("d0", "d1", False),
-])
-def test_a_variables_scope_names_its_layer_only_when_it_is_the_same_scope_entered_again(first, again, same):
-    assert scopes._reentered(first, again) is same
+def test_a_variables_scope_names_its_layer_only_when_one_keras_layer_opened_both():
+    # Found from the recorded scopes, not from names: "d0_1" reads the variables of "d0" but is no Keras
+    # layer's scope entered again, so the layer is the computing scope's.
+    def model_fn(x, y):
+        with tf.compat.v1.variable_scope("d0"):
+            w = tf.compat.v1.get_variable("w", [6, 4])
+        with tf.name_scope("d0_1"):
+            return xent(y, tf.matmul(x, w))
+
+    assert recorded(model_fn)[0].names == ["d0_1"]
+
+
+def test_a_computing_scope_is_placed_with_the_variables_it_reads():
+    # While ops are created (placement), a computing scope reading a variables-only scope's variables takes its
+    # layer index, decided from the graph: the op's inputs.
+    def model_fn(x, y):
+        with tf.compat.v1.variable_scope("params"):
+            w = tf.compat.v1.get_variable("w", [6, 4])
+        with tf.compat.v1.variable_scope("encoder"):
+            h = tf.matmul(x, w) + tf.compat.v1.get_variable("b", [4])
+        with tf.compat.v1.variable_scope("head"):
+            return xent(y, tf.matmul(h, tf.compat.v1.get_variable("w", [4, 4])))
+
+    recorder, asked = placed(model_fn)
+    assert recorder.names == ["encoder", "head"]
+    assert sorted(set(asked)) == [("encoder", 0), ("head", 1), ("params", 0)]
+
+
+def test_keras_layers_are_placed_by_their_final_names():
+    # Keras 3 builds "d0" and calls it in "d0_1": both are asked for as layer 0 named "d0".
+    recorder, asked = placed(bare_layers)
+    assert recorder.names == ["d0", "ln", "d1"]
+    assert sorted(set(asked)) == [("SparseSoftmaxCrossEntropyWithLogits", 3), ("d0", 0), ("d1", 2), ("ln", 1)]
 
 
 def test_keras_dropout_is_its_own_layer_with_its_seed_variable():
