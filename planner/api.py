@@ -189,14 +189,21 @@ def memory_error(model, prefix, cluster, options, sizes, global_batch_size) -> s
 
 
 def choose_by_simulation(candidates: Sequence[Estimate], model, cluster, global_batch_size: int,
-                         link_contention: bool = False):
-    """(the candidate with the lowest simulated iteration time, {id(candidate): simulated ms})."""
+                         link_contention: bool = False, schedules: Sequence[str] = ("dapple",)):
+    """(the candidate with the lowest simulated iteration time, {id(candidate): simulated ms}); each candidate
+    runs the fastest of `schedules` that fits (planner/schedule_choice.py)."""
+    from planner.schedule_choice import weigh_schedules  # pylint: disable=import-outside-toplevel
     from planner.sim_adapter import simulate_plan  # pylint: disable=import-outside-toplevel
 
     sims = {}
     for est in candidates:
         proto = to_plan(est, model, cluster, global_batch_size, "dapple")
-        sims[id(est)] = simulate_plan(proto, model, link_contention=link_contention).iteration_ms
+        if len(schedules) > 1:
+            weigh_schedules(proto, model, schedules, link_contention=link_contention)
+            fitting = [e.simulated_iteration_ms for e in proto.schedule_estimates if e.fits]
+            sims[id(est)] = min(fitting or [e.simulated_iteration_ms for e in proto.schedule_estimates])
+        else:
+            sims[id(est)] = simulate_plan(proto, model, link_contention=link_contention).iteration_ms
     chosen = min(candidates, key=lambda e: (sims[id(e)], e.latency))
     return chosen, sims
 
@@ -257,7 +264,7 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
                     best = faster
         if use_sim and (top.plans or base):
             best, simulated = choose_by_simulation(top.plans + base, model, cluster, global_batch_size,
-                                                   opts.link_contention)
+                                                   opts.link_contention, opts.schedules)
         if best is None and base:
             best = min(base, key=lambda r: r.latency)
         if best is None:

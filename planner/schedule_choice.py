@@ -3,7 +3,8 @@ structure (DAPPLE's early backward and the zero-bubble variants), the fastest th
 
 The planner's search (dapple_planner.py) costs candidates with the paper's analytic latency, which
 knows DAPPLE's schedule only; the schedule is then chosen for the plan it picked, by the simulator
-(planner/simulator.py), which plays each schedule with the same stage costs. Every schedule weighed
+(planner/simulator.py), which plays each schedule with the same stage costs (with select="simulation",
+for each of the search's best candidates: planner/api.py, choose_by_simulation). Every schedule weighed
 is recorded in the plan (`Plan.schedule_estimates`), so `dapple_plan` shows the gain of each.
 """
 

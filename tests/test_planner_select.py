@@ -71,6 +71,19 @@ def test_the_plan_runs_the_fastest_schedule_that_fits():
     assert schedule_kind(tight.schedule) == "zb-h1"
 
 
+def test_simulation_selection_weighs_every_schedule_per_candidate():
+    """select="simulation" ranks each candidate by its fastest fitting schedule: never slower than ranking them by
+    1F1B alone, and the chosen plan runs the schedule it was ranked by."""
+    profile = load_profile(BERT)
+    options = dict(simulate=True, profile_memory="11.4GB", select="simulation", micro_batch_sizes=[8, 16])
+    dapple_only = plan(profile, preset_cluster("paper_a"), 64, schedules=("dapple",), **options)
+    weighed = plan(profile, preset_cluster("paper_a"), 64, **options)
+    fitting = [e.simulated_iteration_ms for e in weighed.schedule_estimates if e.fits]
+    assert weighed.simulated_iteration_ms == pytest.approx(min(fitting))
+    assert weighed.simulated_iteration_ms < dapple_only.simulated_iteration_ms == pytest.approx(800.0, abs=0.1)
+    assert schedule_kind(weighed.schedule) != "dapple"
+
+
 def test_simulated_choice_not_worse_than_baselines_vgg_c():
     plans = plan_all(load_profile(PROFILES + "vgg-19-pbs-32.txt"), preset_cluster("paper_c"), 2048,
                      profile_memory="5.6GB", select="simulation", schedules=("dapple",))
