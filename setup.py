@@ -17,7 +17,7 @@ setup(
     description=__doc__,
     python_requires=">=3.9",
     packages=find_packages(include=["dapple_tf*", "planner*", "profiler*", "models*", "scripts*"]),
-    package_data={"planner": ["*.proto"], "profiler": ["*.proto"]},
+    package_data={"planner.formats": ["*.proto"]},
     install_requires=[
         # TensorFlow is deliberately not listed: tensorflow-cpu, tensorflow or a GPU build all
         # provide it, and requirements/*.txt pin the one each environment uses.

@@ -6,15 +6,15 @@
     dapple_tf.Trainer(model_fn, input_fn, optimizer, plan, model_dir).train(steps)   # or a training loop
 """
 
-from dapple_tf.batch_norm import BatchNormWarning, MovingStatisticsWarning, collect_updates
-from dapple_tf.cluster import ClusterError, TFCluster
+from dapple_tf.rewrite.batch_norm import BatchNormWarning, MovingStatisticsWarning, collect_updates
+from dapple_tf.cluster.servers import ClusterError, TFCluster
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
-from dapple_tf.layers import LayerRecorder, layer
-from dapple_tf.pipeline import PipelineHandle, build_pipeline
+from dapple_tf.model.layers import LayerRecorder, layer
+from dapple_tf.rewrite.pipeline import PipelineHandle, build_pipeline
 from dapple_tf.plan import Plan
-from dapple_tf.random_ops import RandomOpsWarning
-from dapple_tf.scopes import ScopeLayers, layers_by_scope
-from dapple_tf.trainer import Trainer, TrainerOptions
+from dapple_tf.rewrite.random_ops import RandomOpsWarning
+from dapple_tf.model.scopes import ScopeLayers, layers_by_scope
+from dapple_tf.frontends.trainer import Trainer, TrainerOptions
 
 __all__ = [
     "BatchNormWarning",

@@ -3,15 +3,15 @@
 A plan comes from the planner's plan file (`Plan.from_file`, `Plan.from_proto`) or is written by
 hand (`Plan.from_stages`). `Plan.resolve(layer_names)` checks it against a model's layers and
 returns the stages with layer indices; `Plan.schedule(kind, num_stages)` builds the
-planner.schedule.Schedule the runtime turns into control edges.
+planner.formats.schedule.Schedule the runtime turns into control edges.
 """
 
 import dataclasses
 from typing import Optional, Sequence, Tuple, Union
 
 from dapple_tf.errors import PlanError
-from planner import schedule as schedule_lib
-from planner.schemas import plan_pb2, read_message
+from planner.formats import schedule as schedule_lib
+from planner.formats import plan_pb2, read_message
 
 LayerRef = Union[int, str]
 
@@ -131,7 +131,7 @@ class Plan:
 
     @classmethod
     def from_proto(cls, proto: plan_pb2.Plan, source: str = "plan") -> "Plan":
-        """A plan written by the planner (planner/plan.proto)."""
+        """A plan written by the planner (planner/formats/plan.proto)."""
         names = list(proto.cluster.device_names)
         specs, expected, warmup = [], [], []
         for i, stage in enumerate(proto.stages):
@@ -209,7 +209,7 @@ class Plan:
         return tuple(resolved)
 
     def schedule(self, kind: str = "dapple") -> schedule_lib.Schedule:
-        """The per-stage task order for `kind` (planner.schedule.SCHEDULE_KINDS); the warm-up policy and
+        """The per-stage task order for `kind` (planner.formats.schedule.SCHEDULE_KINDS); the warm-up policy and
         counts are DAPPLE's (the other kinds set their own)."""
         try:
             return schedule_lib.build_schedule(

@@ -21,8 +21,8 @@ import tensorflow as tf
 
 import dapple_tf
 import profiler
-from planner import api as planner_api
-from planner.cluster import local_cluster
+from planner.planning import api as planner_api
+from planner.formats.cluster import local_cluster
 
 FEATURES, CLASSES, NUM_DEVICES, GLOBAL_BATCH = 16, 4, 4, 64
 _TEACHER = np.random.RandomState(0).randn(FEATURES, CLASSES)  # the labels' rule, learned by the model
@@ -42,7 +42,7 @@ def model_fn(features, labels):
 
 
 def input_fn(step, batch_size):
-    """The global batch of training step `step` (dapple_tf/inputs.py's contract): numpy arrays."""
+    """The global batch of training step `step` (dapple_tf/model/inputs.py's contract): numpy arrays."""
     x = np.random.RandomState(step).randn(batch_size, FEATURES).astype(np.float32)
     return x, (x @ _TEACHER).argmax(axis=1).astype(np.int32)
 

@@ -5,11 +5,11 @@
     profile = profiler.read_profile("vgg-19-pbs-32.txt")
 
 `profile_spec` profiles a registered reference model (models.get_model). The method is described in
-profiler/core.py. The profile schema is profiler/layer_cost.proto; its generated module is
-planner.schemas.layer_cost_pb2 (re-exported here), since the planner reads it too.
+profiler/core.py. The profile schema is planner/formats/layer_cost.proto; its generated module is
+planner.formats.layer_cost_pb2 (re-exported here), since the planner reads it too.
 """
 
-from planner.schemas import layer_cost_pb2  # noqa: F401
+from planner.formats import layer_cost_pb2  # noqa: F401
 from profiler.core import profile_model, session_config
 from profiler.io import format_pipedream, read_profile, write_profile
 

@@ -29,7 +29,7 @@ alone (the B part of a zero-bubble B/W split; the rest computes weight gradients
 Whole step (step_ms): one forward + backward of the whole model with every weight gradient added to an
 accumulator, as the runtime runs each micro-batch: it holds what layer-by-layer runs miss (layers
 evicting each other's weights from the caches, the accumulation), and the planner scales the layer
-times to sum to it (planner/model_profile.py).
+times to sum to it (planner/formats/model_profile.py).
 Sizes are exact: activation bytes = bytes of every tensor leaving the layer (its recorded values;
 per tensor in output_activation_bytes when there are several); parameter bytes = shape x dtype size
 of the layer's trainable variables. The DAG: layer j is an input of layer i when i consumes a tensor
@@ -43,9 +43,9 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from dapple_tf.layers import LayerRecorder
-from dapple_tf.outputs import split_model_result
-from planner.schemas import layer_cost_pb2
+from dapple_tf.model.layers import LayerRecorder
+from dapple_tf.rewrite.outputs import split_model_result
+from planner.formats import layer_cost_pb2
 from profiler.analysis import analyze_layers, tensor_bytes
 from profiler.memory import backward_working_bytes, step_peak_bytes
 from profiler.timing import net_run_ms, overhead_probe

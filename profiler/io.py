@@ -1,16 +1,16 @@
 """Reading and writing layer cost profiles: protobuf (.pb/.pbtxt/.json) or PipeDream text (.txt).
 
-PipeDream text is read and written by planner/profile.py (the planner reads profiles without
+PipeDream text is read and written by planner/formats/profile.py (the planner reads profiles without
 importing the profiler); this module only routes by extension and checks that a .txt path naming a
 batch size (`...-pbs-N.txt`, PipeDream's convention) names the profile's (the text itself holds the
-model name and batch size in `#` header lines). Errors are ValueErrors (planner.profile.ProfileError, planner.schemas.SchemaError)
+model name and batch size in `#` header lines). Errors are ValueErrors (planner.formats.profile.ProfileError, planner.formats.SchemaError)
 naming the file.
 """
 
 import os
 
-from planner import profile as pipedream
-from planner.schemas import layer_cost_pb2, write_message
+from planner.formats import profile as pipedream
+from planner.formats import layer_cost_pb2, write_message
 
 PROTO_FORMATS = (".pb", ".pbtxt", ".json")
 TEXT_FORMAT = ".txt"
@@ -57,5 +57,5 @@ def write_profile(profile, path):
 
 
 def format_pipedream(profile) -> str:
-    """The PipeDream text of a profile (planner.profile.format_pipedream)."""
+    """The PipeDream text of a profile (planner.formats.profile.format_pipedream)."""
     return pipedream.format_pipedream(profile)

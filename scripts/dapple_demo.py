@@ -9,7 +9,7 @@
    trains it on the digits training split, printing loss and throughput every --log_every steps;
 5. prints the test accuracy of the trained weights;
 6. on a machine with at least 2 cores (--speedup), measures a 2-stage pipeline on 2 worker processes,
-   each pinned to its own core, against one such worker (scripts/bench_speedup.py, MLP 8 x 1024, batch
+   each pinned to its own core, against one such worker (scripts/bench/speedup.py, MLP 8 x 1024, batch
    1024, M=4), beside the simulator's prediction of both.
 
 Example:
@@ -53,7 +53,7 @@ def load_digits(seed):
 def forced_plan(profile, num_stages, devices, num_micro_batches):
     """An S-stage dapple_tf.Plan: cuts balancing profiled forward+backward time, devices split evenly."""
     import dapple_tf
-    from planner.baselines import balanced_partition
+    from planner.planning.baselines import balanced_partition
 
     n = len(profile.layers)
     if not 1 <= num_stages <= min(n, len(devices)):
@@ -89,9 +89,9 @@ def main(argv):
     import dapple_tf
     import models
     import profiler
-    from planner import api as planner_api
-    from planner.cluster import local_cluster
-    from planner.report import summarize
+    from planner.planning import api as planner_api
+    from planner.formats.cluster import local_cluster
+    from planner.planning.report import summarize
 
     x_train, y_train, x_test, y_test = load_digits(FLAGS.seed)
     print(f"data: scikit-learn digits, {len(x_train)} training and {len(x_test)} test images of 8x8 = 64 pixels")
@@ -164,14 +164,14 @@ def speedup_section() -> None:
     import subprocess
     import sys
 
-    from dapple_tf.cluster import usable_cores
+    from dapple_tf.cluster.servers import usable_cores
 
     cores = len(usable_cores())
     if cores < 2:
         print(f"\n(speedup over one worker skipped: this machine has {cores} core; it needs 2 pinned workers)")
         return
     print("\n== speedup: 2 pinned worker processes (1 core each) vs one, measured and simulated ==", flush=True)
-    command = [sys.executable, "-m", "scripts.bench_speedup", "--num_workers=2", "--micro_batches=4",
+    command = [sys.executable, "-m", "scripts.bench.speedup", "--num_workers=2", "--micro_batches=4",
                "--plans=single,straight2-M4", "--gpipe=false", "--steps=5"]
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if not line.startswith(("profile at", "dapple_launch:"))]

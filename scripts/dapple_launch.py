@@ -8,7 +8,7 @@ Three ways:
   dapple_launch --tf_config [-- COMMAND]
       runs this host's role from TF_CONFIG: a worker serves until its chief ends; the chief runs COMMAND
       and, when TF_CONFIG names its address ("cluster": {"chief": ["host:port"]}), tells the workers
-      there that it is alive, so that they exit when it ends or dies (dapple_tf/chief_lease.py).
+      there that it is alive, so that they exit when it ends or dies (dapple_tf/cluster/chief_lease.py).
   dapple_launch --emit=k8s|slurm --cluster=FILE --image=IMAGE -- dapple_train ...
       writes a Kubernetes manifest (pods + headless Service + NetworkPolicy, or --k8s_kind=tfjob) or a
       Slurm batch script that starts the same roles (--cluster: dapple_plan's cluster file or preset)
@@ -68,7 +68,7 @@ def pinned_cores() -> int:
 
 def worker_threads(cores: int):
     """WorkerThreads from --intra_op_threads/--inter_op_threads, defaulting to those for `cores`."""
-    from dapple_tf.cluster import WorkerThreads
+    from dapple_tf.cluster.servers import WorkerThreads
 
     default = WorkerThreads.for_cores(cores)
     intra = default.intra_op if FLAGS.intra_op_threads is None else FLAGS.intra_op_threads
@@ -81,7 +81,7 @@ def worker_threads(cores: int):
 def serve_or_run(command):
     """--tf_config: a worker starts its server and waits; the chief runs the command."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from dapple_tf.cluster import TFCluster
+    from dapple_tf.cluster.servers import TFCluster
 
     cluster = TFCluster.from_tf_config()
     if cluster.task_type == "chief":
@@ -93,8 +93,8 @@ def serve_or_run(command):
 
 def run_chief(cluster, command):
     """Runs the chief command; with the chief's address in TF_CONFIG, holds the lease the workers watch."""
-    from dapple_tf.chief_lease import ChiefLease
-    from scripts.launch_local import command_line, run_child
+    from dapple_tf.cluster.chief_lease import ChiefLease
+    from dapple_tf.cluster.launch_local import command_line, run_child
 
     args = command_line(command)
     if not cluster.chief:
@@ -110,7 +110,7 @@ def run_chief(cluster, command):
 
 def serve(cluster):
     """A worker: starts its server and serves until its chief ends (or for ever, with no chief address)."""
-    from dapple_tf.cluster import start_server, usable_cores
+    from dapple_tf.cluster.servers import start_server, usable_cores
 
     threads = worker_threads(pinned_cores())
     server = start_server(cluster, FLAGS.virtual_devices or None, threads)
@@ -129,7 +129,7 @@ def serve(cluster):
 
 def end_with_chief(chief, where):
     """Ends this worker's process when its chief ends or is lost (the server's join cannot be interrupted)."""
-    from dapple_tf.chief_lease import watch_chief
+    from dapple_tf.cluster.chief_lease import watch_chief
 
     outcome = watch_chief(chief, connect_timeout_s=FLAGS.chief_wait_timeout, silence_s=FLAGS.failure_timeout)
     print(f"{where}: {outcome.reason}: exiting", file=sys.stdout if outcome.exit_code == 0 else sys.stderr,
@@ -138,8 +138,8 @@ def end_with_chief(chief, where):
 
 
 def emit(command):
-    from planner.cluster import load_cluster
-    from scripts import job_specs
+    from planner.formats.cluster import load_cluster
+    from dapple_tf.cluster import job_specs
 
     if not FLAGS.cluster:
         raise ValueError("--emit needs --cluster (a cluster file or preset: its servers become worker tasks)")
@@ -176,14 +176,14 @@ def main(argv):
         return serve_or_run(command)
     if FLAGS.emit:
         return emit(command)
-    from planner.cluster import parse_local_tasks
-    from scripts import launch_local
+    from planner.formats.cluster import parse_local_tasks
+    from dapple_tf.cluster import launch_local
 
     tasks, devices = parse_local_tasks(FLAGS.cluster)
     launch_local.command_line(command)  # a bad command fails before anything starts
     if FLAGS.isolate_network:
         launch_local.reexec_in_private_network(sys.argv[1:])
-    from dapple_tf.cluster import usable_cores
+    from dapple_tf.cluster.servers import usable_cores
 
     cores = launch_local.default_cores_per_worker(tasks) if FLAGS.cores_per_worker is None else FLAGS.cores_per_worker
     code = launch_local.run_local(tasks, devices, command, grace_s=FLAGS.grace, cores_per_worker=cores,

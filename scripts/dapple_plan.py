@@ -38,11 +38,11 @@ flags.DEFINE_enum("select", "latency", ["latency", "simulation"],
 
 def main(argv):
     del argv
-    from planner.api import plan_all
-    from planner.cluster import load_cluster
-    from planner.profile import load_profile
-    from planner.report import comparison_table, summarize
-    from planner.schemas import write_message
+    from planner.planning.api import plan_all
+    from planner.formats.cluster import load_cluster
+    from planner.formats.profile import load_profile
+    from planner.planning.report import comparison_table, summarize
+    from planner.formats import write_message
 
     if not FLAGS.profile:
         raise ValueError("--profile is required")
@@ -67,7 +67,7 @@ def main(argv):
         warnings.formatwarning = lambda message, category, *_: f"warning: {message}\n"
         plans = plan_all(profile, cluster, batch_size, planner=FLAGS.planner, **options)
     if FLAGS.backend == "horovod":
-        from planner.horovod_plan import per_process_plan
+        from planner.planning.horovod_plan import per_process_plan
 
         plans = {k: p if isinstance(p, str) else per_process_plan(p, FLAGS.num_processes) for k, p in plans.items()}
     if FLAGS.planner == "all":

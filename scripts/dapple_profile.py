@@ -16,14 +16,14 @@ import time
 
 from absl import flags
 
-from scripts import user_model
+from dapple_tf.model import user_model
 from scripts.cli import run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Reference model name (see models/): mlp, vgg19, resnet50, bert, gnmt.")
 flags.DEFINE_string("model_fn", None, "Your own model instead: package.module:function (model_fn(features, labels)).")
 flags.DEFINE_string("input_fn", None, "With --model_fn: package.module:function, input_fn(step, batch_size) -> "
-                    "(features, labels), numpy arrays or tensors (dapple_tf/inputs.py; input_fn(batch_size) also works).")
+                    "(features, labels), numpy arrays or tensors (dapple_tf/model/inputs.py; input_fn(batch_size) also works).")
 flags.DEFINE_string("features", None, "With --model_fn, instead of --input_fn: DTYPE:SHAPE of one sample, e.g. float32:32,32,3.")
 flags.DEFINE_string("labels", None, "With --model_fn, instead of --input_fn: DTYPE:SHAPE[:MAX], e.g. int32::10.")
 user_model.define_scope_flags()

@@ -1,7 +1,7 @@
 """dapple_simulate: simulate a plan's pipeline schedule and draw it (Chrome trace, PNG Gantt chart).
 
 Takes a plan file (--plan) or runs a planner (--planner), simulates one iteration with
-planner/simulator.py under the planner's cost model, prints the summary (iteration time,
+planner/simulation/simulator.py under the planner's cost model, prints the summary (iteration time,
 throughput, bubble and peak memory per stage, analytic vs simulated time) and optionally writes
 a Chrome trace (chrome://tracing, Perfetto) and a PNG Gantt chart with memory over time.
 
@@ -12,7 +12,7 @@ Example:
 
 from absl import flags
 
-from planner.schedule import SCHEDULE_KINDS
+from planner.formats.schedule import SCHEDULE_KINDS
 from scripts.cli import run_main
 
 FLAGS = flags.FLAGS
@@ -34,10 +34,10 @@ flags.DEFINE_bool("recompute", None, "Re-computation on (or off) for every stage
 
 def main(argv):
     del argv
-    from planner.cluster import load_cluster
-    from planner.profile import load_profile
-    from planner.schemas import plan_pb2, read_message
-    from planner.sim_adapter import compare_text, simulate_plan
+    from planner.formats.cluster import load_cluster
+    from planner.formats.profile import load_profile
+    from planner.formats import plan_pb2, read_message
+    from planner.simulation.sim_adapter import compare_text, simulate_plan
 
     if not FLAGS.profile:
         raise ValueError("--profile is required")
@@ -46,7 +46,7 @@ def main(argv):
         plan = read_message(FLAGS.plan, plan_pb2.Plan)
         cluster = plan.cluster if not FLAGS["cluster"].present else load_cluster(FLAGS.cluster, FLAGS.num_servers)
     else:
-        from planner import api
+        from planner.planning import api
 
         if not FLAGS.global_batch_size:
             raise ValueError("--global_batch_size is required with --planner")
@@ -65,12 +65,12 @@ def main(argv):
     if plan.estimated_iteration_ms > 0:
         print(compare_text(plan, result))
     if FLAGS.trace:
-        from planner.trace import write_trace
+        from planner.simulation.trace import write_trace
 
         boxes = write_trace(result, FLAGS.trace)
         print(f"wrote {FLAGS.trace} ({boxes} boxes)")
     if FLAGS.png:
-        from planner.gantt import draw_gantt
+        from planner.simulation.gantt import draw_gantt
 
         info = draw_gantt(result, FLAGS.png)
         print(f"wrote {FLAGS.png} ({sum(info.rows)} rows, {info.total_boxes} boxes)")

@@ -21,7 +21,7 @@ A user's --model_fn(features, labels) returns the loss, its layers marked with d
 for a model without markers (Keras layers, tf-slim nets), cut by its name scopes: --scope_depth=N or
 --scope_patterns=... (dapple_tf.layers_by_scope, as dapple_profile's). --input_fn(step, batch_size)
 returns (features, labels) of the global batch for `step`, numpy arrays or tensors (the contract of
-dapple_tf/inputs.py, shared with dapple_profile and dapple_tf.Trainer): a function of the step alone
+dapple_tf/model/inputs.py, shared with dapple_profile and dapple_tf.Trainer): a function of the step alone
 makes a resumed run continue exactly. The module must be importable: run from its folder or put the
 folder on PYTHONPATH. Flags can come from a file: --flagfile=train.flags.
 
@@ -33,8 +33,8 @@ import os
 
 from absl import flags
 
-from planner.schedule import SCHEDULE_KINDS
-from scripts import user_model
+from planner.formats.schedule import SCHEDULE_KINDS
+from dapple_tf.model import user_model
 from scripts.cli import run_main, split_cpu
 
 FLAGS = flags.FLAGS
@@ -43,7 +43,7 @@ flags.DEFINE_string("config", "tiny", "Reference model config: tiny or paper.")
 flags.DEFINE_string("model_flags", "", "Reference model overrides, key=value,key=value.")
 flags.DEFINE_string("model_fn", None, "A user's model: package.module:function(features, labels) -> loss.")
 flags.DEFINE_string("input_fn", None, "A user's input: package.module:function(step, batch_size) -> "
-                    "(features, labels), numpy arrays or tensors (dapple_tf/inputs.py).")
+                    "(features, labels), numpy arrays or tensors (dapple_tf/model/inputs.py).")
 user_model.define_scope_flags()
 flags.DEFINE_string("eval_input_fn", None, "Held-out input for --model_fn, same signature as --input_fn.")
 flags.DEFINE_string("plan", None, "Plan file from dapple_plan (default: profile and plan here).")
@@ -85,7 +85,7 @@ def model_and_inputs(batch_size):
         spec = models.get_model(FLAGS.model, FLAGS.config, **models.parse_model_flags(FLAGS.model_flags))
         return (spec.model_fn, spec.step_input_fn(batch_size, FLAGS.seed),
                 spec.step_input_fn(batch_size, FLAGS.seed + 1), FLAGS.model)
-    from dapple_tf import inputs
+    from dapple_tf.model import inputs
 
     model_fn = user_model.load_function(FLAGS.model_fn, "model_fn")
     user_input = user_model.load_function(FLAGS.input_fn, "input_fn")
@@ -113,7 +113,7 @@ def profile_here(model_fn, input_fn, batch_size, name, layers=None):
 
 def planner_cluster(devices):
     """The planner's cluster description for the devices training runs on (or --cluster)."""
-    from planner import cluster as clusters
+    from planner.formats import cluster as clusters
 
     if FLAGS.cluster:
         return clusters.load_cluster(FLAGS.cluster, num_devices=FLAGS.num_devices)
@@ -134,13 +134,13 @@ def make_plan(model_fn, input_fn, name, devices, batch_size, layers=None):
     import tensorflow as tf
 
     import dapple_tf
-    from dapple_tf.cluster import map_devices
-    from dapple_tf.replicas import canonical_device
+    from dapple_tf.cluster.servers import map_devices
+    from dapple_tf.rewrite.replicas import canonical_device
     import profiler
-    from planner import api as planner_api
-    from planner.report import summarize
-    from planner.schemas import plan_pb2, read_message
-    from planner.sim_adapter import simulate_plan
+    from planner.planning import api as planner_api
+    from planner.planning.report import summarize
+    from planner.formats import plan_pb2, read_message
+    from planner.simulation.sim_adapter import simulate_plan
 
     simulated = None
     if FLAGS.plan:
@@ -193,7 +193,7 @@ def main(argv):
     if FLAGS.backend == "horovod":
         horovod = horovod_pipeline()
     if os.environ.get("TF_CONFIG") and not horovod:
-        from dapple_tf.cluster import TFCluster, cluster_devices, wait_for_workers
+        from dapple_tf.cluster.servers import TFCluster, cluster_devices, wait_for_workers
 
         cluster = TFCluster.from_tf_config()
         if cluster.task_type != "chief":
@@ -208,7 +208,7 @@ def main(argv):
         config = tf.compat.v1.ConfigProto(device_count={"CPU": FLAGS.num_devices})
 
     import dapple_tf
-    from dapple_tf.trainer import Trainer, TrainerOptions
+    from dapple_tf.frontends.trainer import Trainer, TrainerOptions
 
     batch_size = FLAGS.global_batch_size
     if not batch_size and FLAGS.plan:
@@ -258,7 +258,7 @@ def horovod_pipeline():
         raise ValueError("--backend=horovod runs under horovodrun, not on a TF_CONFIG cluster")
     import horovod.tensorflow as hvd
 
-    from dapple_tf.horovod import HorovodPipeline
+    from dapple_tf.frontends.horovod import HorovodPipeline
 
     hvd.init()
     return HorovodPipeline(FLAGS.plan)

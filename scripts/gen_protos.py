@@ -1,8 +1,7 @@
-"""Regenerates planner/schemas/*_pb2.py from the .proto sources.
+"""Regenerates planner/formats/*_pb2.py from the .proto sources.
 
-The generated modules live in planner/schemas/ (planner is the bottom of the dependency chain
-and reads both schemas); the sources stay where the design puts them:
-profiler/layer_cost.proto and planner/plan.proto.
+The sources and the generated modules live together in planner/formats/ (planner is the bottom of
+the dependency chain and reads both schemas).
 
 Generated with protoc 25.x (grpcio-tools 1.62.3): that gencode runs on protobuf 4.25 (TF 2.15)
 and on the newest runtime (TF 2.21 ships protobuf 7). Run:
@@ -19,20 +18,20 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = {
-    "layer_cost": os.path.join(ROOT, "profiler", "layer_cost.proto"),
-    "plan": os.path.join(ROOT, "planner", "plan.proto"),
+    "layer_cost": os.path.join(ROOT, "planner", "formats", "layer_cost.proto"),
+    "plan": os.path.join(ROOT, "planner", "formats", "plan.proto"),
 }
-OUT_DIR = os.path.join(ROOT, "planner", "schemas")
+OUT_DIR = os.path.join(ROOT, "planner", "formats")
 
 
 def generate(out_dir):
     """Compiles every source into out_dir/<name>_pb2.py; returns the written paths."""
     with tempfile.TemporaryDirectory() as staging:
-        package_dir = os.path.join(staging, "planner", "schemas")
+        package_dir = os.path.join(staging, "planner", "formats")
         os.makedirs(package_dir)
         for name, src in SOURCES.items():
             shutil.copy(src, os.path.join(package_dir, name + ".proto"))
-        protos = [os.path.join("planner", "schemas", n + ".proto") for n in SOURCES]
+        protos = [os.path.join("planner", "formats", n + ".proto") for n in SOURCES]
         subprocess.run(
             [sys.executable, "-m", "grpc_tools.protoc", "-I", staging, "--python_out", staging] + protos,
             check=True,

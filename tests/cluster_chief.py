@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf.cluster import TFCluster, session_config, wait_for_workers
+from dapple_tf.cluster.servers import TFCluster, session_config, wait_for_workers
 from tests import toy_models
 from tests.pipeline_harness import train_pipelined, train_single
 

@@ -21,7 +21,7 @@ def _ours():
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if int(pid) != os.getpid() and ("scripts.dapple_launch" in cmdline or "scripts.bench_speedup" in cmdline):
+        if int(pid) != os.getpid() and ("scripts.dapple_launch" in cmdline or "scripts.bench.speedup" in cmdline):
             found.append(int(pid))
     return found
 

@@ -1,4 +1,4 @@
-"""dapple_tf.chief_lease: what a worker learns about its chief, and how fast."""
+"""dapple_tf.cluster.chief_lease: what a worker learns about its chief, and how fast."""
 
 import os
 import signal
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from dapple_tf.chief_lease import ChiefLease, watch_chief
-from dapple_tf.cluster import ClusterError, free_ports
+from dapple_tf.cluster.chief_lease import ChiefLease, watch_chief
+from dapple_tf.cluster.servers import ClusterError, free_ports
 
 
 def _address():
@@ -76,7 +76,7 @@ def test_a_silent_chief_is_lost_after_the_silence_timeout():
 def test_a_killed_chief_process_is_seen_at_once():
     address = _address()
     chief = subprocess.Popen([sys.executable, "-c", (
-        "import time; from dapple_tf.chief_lease import ChiefLease\n"
+        "import time; from dapple_tf.cluster.chief_lease import ChiefLease\n"
         f"lease = ChiefLease({address!r}, interval_s=10).__enter__(); print('up', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     try:

@@ -13,12 +13,12 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from dapple_tf.cluster import (ClusterError, TFCluster, check_port_free, map_devices, probe_task, server_config,
+from dapple_tf.cluster.servers import (ClusterError, TFCluster, check_port_free, map_devices, probe_task, server_config,
                                start_server, wait_for_workers)
-from dapple_tf.replicas import canonical_device
-from planner.cluster import ClusterError as PlannerClusterError
-from planner.cluster import load_cluster
-from scripts import job_specs
+from dapple_tf.rewrite.replicas import canonical_device
+from planner.formats.cluster import ClusterError as PlannerClusterError
+from planner.formats.cluster import load_cluster
+from dapple_tf.cluster import job_specs
 from tests.programs import run_program
 
 
@@ -273,7 +273,7 @@ def test_slurm_script_starts_every_task_again_after_a_failure(tmp_path, failures
     assert failed == [f"dapple: attempt {i} failed (chief exit code 7)" for i in range(min(failures, attempts))]
 
 
-WAIT_FOR_WORKERS = ("from dapple_tf.cluster import TFCluster, wait_for_workers; "
+WAIT_FOR_WORKERS = ("from dapple_tf.cluster.servers import TFCluster, wait_for_workers; "
                     "wait_for_workers(TFCluster.from_tf_config(), 60); print('workers up')")
 
 
@@ -281,7 +281,7 @@ def test_launcher_pins_workers_and_their_thread_pools_reach_the_servers():
     """Each worker reports, from inside its own process, the cores it runs on and the thread pools its
     server was started with: one core each, intra 1 and inter 2 (one thread left for transfers), or
     what the flags say."""
-    from dapple_tf.cluster import worker_cores
+    from dapple_tf.cluster.servers import worker_cores
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to pin 2 workers")
@@ -303,7 +303,7 @@ def test_launcher_pins_workers_and_their_thread_pools_reach_the_servers():
 
 
 def test_worker_threads_for_pinned_cores():
-    from dapple_tf.cluster import WorkerThreads
+    from dapple_tf.cluster.servers import WorkerThreads
 
     assert WorkerThreads.for_cores(1) == WorkerThreads(1, 2)
     assert WorkerThreads.for_cores(4) == WorkerThreads(4, 5)

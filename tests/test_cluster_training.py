@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dapple_tf.cluster import TFCluster, free_ports
-from planner.cluster import local_task_cluster
-from planner.schemas import plan_pb2, write_message
+from dapple_tf.cluster.servers import TFCluster, free_ports
+from planner.formats.cluster import local_task_cluster
+from planner.formats import plan_pb2, write_message
 from tests.programs import ROOT, run_program
 
 pytestmark = pytest.mark.slow

@@ -4,13 +4,13 @@ communicate, and profiles measured at several batch sizes."""
 
 import pytest
 
-from planner import api, cost_model as cm
-from planner.cluster import local_task_cluster
-from planner.model_profile import ModelProfile
-from planner.profile import format_pipedream, parse_pipedream
-from planner.schemas import layer_cost_pb2
-from planner.simulator import KIND_BACKWARD, KIND_SEND_GRADIENT, KIND_WEIGHT
-from scripts import speedup_plans
+from planner.planning import api, cost_model as cm
+from planner.formats.cluster import local_task_cluster
+from planner.formats.model_profile import ModelProfile
+from planner.formats.profile import format_pipedream, parse_pipedream
+from planner.formats import layer_cost_pb2
+from planner.simulation.simulator import KIND_BACKWARD, KIND_SEND_GRADIENT, KIND_WEIGHT
+from scripts.bench import speedup_plans
 
 
 def _profile(batch_size=8, step_ms=0.0, backward_input=0.0, forward=1.0, backward=2.0, layers=4):
@@ -74,7 +74,7 @@ def test_measured_allreduce_bandwidth_and_cpu_communication():
         dp.proto.stages[0].forward_ms + dp.proto.stages[0].backward_ms + dp.proto.stages[0].allreduce_ms)
 
 
-@pytest.mark.filterwarnings("ignore::planner.api.MemoryLowerBoundWarning")
+@pytest.mark.filterwarnings("ignore::planner.planning.api.MemoryLowerBoundWarning")
 def test_each_plan_is_costed_by_the_profile_measured_nearest_to_its_slices():
     """Per sample, slices of 4 cost 4x slices of 8 here: data parallelism on 2 devices (slices of 4) loses to
     keeping whole micro-batches of 8 on a device, although costed with the batch-8 profile alone it wins."""

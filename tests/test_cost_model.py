@@ -2,12 +2,12 @@
 
 import pytest
 
-from planner import cost_model as cm
-from planner.cluster import make_cluster
-from planner.dapple_planner import place
-from planner.plan_eval import Options, evaluate
-from planner.model_profile import ModelProfile
-from planner.profile import parse_pipedream
+from planner.planning import cost_model as cm
+from planner.formats.cluster import make_cluster
+from planner.planning.dapple_planner import place
+from planner.planning.plan_eval import Options, evaluate
+from planner.formats.model_profile import ModelProfile
+from planner.formats.profile import parse_pipedream
 
 NODE = "{} -- x -- forward_compute_time={}, backward_compute_time={}, activation_size={}, parameter_size={}\n"
 # 2 servers x 2 devices; intra 1e9 B/s, inter 1e8 B/s; 100 B of memory per device

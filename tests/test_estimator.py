@@ -1,4 +1,4 @@
-"""dapple_tf.estimator: a tf.estimator.Estimator trains pipelined like single-device (TF 2.15 only)."""
+"""dapple_tf.frontends.estimator: a tf.estimator.Estimator trains pipelined like single-device (TF 2.15 only)."""
 
 import numpy as np
 import pytest
@@ -10,7 +10,7 @@ from tests.pipeline_harness import SESSION_CONFIG, cpu
 
 pytestmark = pytest.mark.primary_only
 tf_estimator = pytest.importorskip("tensorflow_estimator").estimator
-dapple_estimator = pytest.importorskip("dapple_tf.estimator")
+dapple_estimator = pytest.importorskip("dapple_tf.frontends.estimator")
 
 BATCH = 8
 PLAN = dapple_tf.Plan.from_stages([("encode", "encode", [cpu(0), cpu(1)]), ("decode", "decode", [cpu(2)])],

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from planner.schemas import plan_pb2, write_message
-from scripts import user_model
+from planner.formats import plan_pb2, write_message
+from dapple_tf.model import user_model
 from tests.programs import ROOT, run_program
 
 EXAMPLES = os.path.join(ROOT, "examples")

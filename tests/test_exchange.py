@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf import collectives
-from planner.schedule import BACKWARD, Task
+from dapple_tf.rewrite import collectives
+from planner.formats.schedule import BACKWARD, Task
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, cpu
 

@@ -11,8 +11,9 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from planner import cluster as clusters, horovod_plan
-from planner.schemas import plan_pb2, write_message
+from planner.formats import cluster as clusters
+from planner.planning import horovod_plan
+from planner.formats import plan_pb2, write_message
 from tests import horovod_model, user_model
 from tests.pipeline_harness import SESSION_CONFIG, cpu
 from tests.programs import ROOT, run_program
@@ -119,7 +120,7 @@ def test_plans_that_span_servers_are_refused():
 def test_a_plan_for_devices_this_process_lacks_is_a_clear_error():
     import horovod.tensorflow as hvd
 
-    from dapple_tf.horovod import HorovodPipeline
+    from dapple_tf.frontends.horovod import HorovodPipeline
 
     hvd.init()  # without horovodrun: one process
     gpus = clusters.make_cluster("gpus", 1, 3, 16e9, 1e11, 1e10, device_names=[f"/device:GPU:{i}" for i in range(3)])

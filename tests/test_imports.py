@@ -30,7 +30,7 @@ def test_planner_modules_found():
     import planner
 
     names = {m.name for m in pkgutil.walk_packages(planner.__path__, "planner.")}
-    assert {"planner.schedule", "planner.schemas", "planner.schemas.io"} <= names
+    assert {"planner.formats.schedule", "planner.formats", "planner.formats.io"} <= names
 
 
 def test_all_packages_import():

@@ -1,4 +1,4 @@
-"""The input_fn contract (dapple_tf/inputs.py): input_fn(step, batch_size) -> (features, labels) as numpy
+"""The input_fn contract (dapple_tf/model/inputs.py): input_fn(step, batch_size) -> (features, labels) as numpy
 arrays or tensors, for dapple_profile, dapple_train, Trainer and tf.estimator; older one-argument forms."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf import inputs
+from dapple_tf.model import inputs
 from dapple_tf.errors import DappleError
 from tests import toy_models
 from tests.pipeline_harness import cpu
@@ -167,7 +167,7 @@ def test_a_function_of_the_step_tensor_still_works():
 
 
 def test_dapple_profile_takes_the_same_input_fn():
-    from scripts import user_model  # pylint: disable=import-outside-toplevel
+    from dapple_tf.model import user_model  # pylint: disable=import-outside-toplevel
 
     features, labels = user_model.input_values(5, numpy_input_fn)  # input_fn(step, batch_size), step 0
     np.testing.assert_array_equal(features, numpy_input_fn(0, 5)[0])

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import dapple_tf
 import profiler
-from dapple_tf import scopes
+from dapple_tf.model import scopes
 from tests.pipeline_harness import cpu
 
 K = tf.keras

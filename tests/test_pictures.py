@@ -1,4 +1,4 @@
-"""planner.trace and planner.gantt: Chrome-trace JSON and PNG Gantt charts of simulated iterations,
+"""planner.simulation.trace and planner.simulation.gantt: Chrome-trace JSON and PNG Gantt charts of simulated iterations,
 and the dapple_simulate CLI that writes them."""
 
 import json
@@ -7,10 +7,10 @@ import struct
 
 import pytest
 
-from planner.gantt import draw_gantt
-from planner.schedule import build_schedule
-from planner.simulator import StageCost, simulate
-from planner.trace import write_trace
+from planner.simulation.gantt import draw_gantt
+from planner.formats.schedule import build_schedule
+from planner.simulation.simulator import StageCost, simulate
+from planner.simulation.trace import write_trace
 from tests.shared_profiles import PROFILES, requires_profiles
 from tests.programs import run_program
 
@@ -93,12 +93,12 @@ def test_gantt_errors(tmp_path):
 
 @requires_profiles
 def test_simulate_cli_writes_trace_and_png(tmp_path):
-    from planner.cluster import preset_cluster
-    from planner.plan_eval import Options, evaluate, to_plan
-    from planner.model_profile import ModelProfile
-    from planner.profile import load_profile
-    from planner import cost_model as cm
-    from planner.schemas import write_message
+    from planner.formats.cluster import preset_cluster
+    from planner.planning.plan_eval import Options, evaluate, to_plan
+    from planner.formats.model_profile import ModelProfile
+    from planner.formats.profile import load_profile
+    from planner.planning import cost_model as cm
+    from planner.formats import write_message
 
     model = ModelProfile.from_proto(load_profile(BERT))
     cut = model.descriptions.index("layer_24")

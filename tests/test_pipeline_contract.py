@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import dapple_tf
 from dapple_tf import DappleError, PlanError
-from dapple_tf.graph_defs import private_copy, stage_graph_defs
+from dapple_tf.rewrite.graph_defs import private_copy, stage_graph_defs
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, assert_close_dicts, cpu, train_pipelined, train_single
 
@@ -250,7 +250,7 @@ def test_bad_types_are_named():
 
 
 def test_plan_file_batch_size_and_schedule_are_used(tmp_path):
-    from planner.schemas import plan_pb2, write_message
+    from planner.formats import plan_pb2, write_message
 
     proto = plan_pb2.Plan(num_micro_batches=2, global_batch_size=8, schedule=plan_pb2.GPIPE)
     proto.cluster.device_names.extend([cpu(0), cpu(1)])

@@ -138,7 +138,7 @@ def test_batch_statistic_crossing_a_boundary():
 
 
 def test_plan_file_layer_names_must_match(tmp_path):
-    from planner.schemas import plan_pb2, write_message
+    from planner.formats import plan_pb2, write_message
 
     proto = plan_pb2.Plan(num_micro_batches=2, global_batch_size=N)
     proto.cluster.device_names.extend([cpu(0), cpu(1)])
@@ -156,7 +156,7 @@ def test_plan_file_layer_names_must_match(tmp_path):
 
 
 def test_plan_file_round_trip_builds(tmp_path):
-    from planner.schemas import plan_pb2, write_message
+    from planner.formats import plan_pb2, write_message
 
     proto = plan_pb2.Plan(num_micro_batches=2, global_batch_size=N, policy=plan_pb2.POLICY_A)
     proto.cluster.device_names.extend([cpu(0), cpu(1), cpu(2)])

@@ -1,7 +1,7 @@
 """Table 5's pattern in TF's BFC allocator figures: DAPPLE's early backward keeps peak memory flat
 in M, GPipe's grows; re-computation lowers both for about one extra forward per micro-batch.
 
-Runs scripts/bench_pipeline_memory.py in a fresh process (the BFC CPU allocator must be chosen
+Runs scripts/bench/pipeline_memory.py in a fresh process (the BFC CPU allocator must be chosen
 before TensorFlow starts).
 """
 

@@ -3,9 +3,10 @@
 import tensorflow as tf
 
 import dapple_tf
-from planner import api, cluster as cluster_lib
-from planner.schedule import schedule_kind
-from planner.schemas import layer_cost_pb2, write_message
+from planner.planning import api
+from planner.formats import cluster as cluster_lib
+from planner.formats.schedule import schedule_kind
+from planner.formats import layer_cost_pb2, write_message
 from tests import toy_models
 from tests.pipeline_harness import assert_close_dicts, train_pipelined, train_single
 

@@ -7,8 +7,8 @@ import tensorflow as tf
 
 import dapple_tf
 from dapple_tf import DappleError, PlanError
-from planner.schedule import BACKWARD, FORWARD, WEIGHT
-from planner.schemas import plan_pb2
+from planner.formats.schedule import BACKWARD, FORWARD, WEIGHT
+from planner.formats import plan_pb2
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, assert_close_dicts, cpu, train_pipelined, train_single
 from tests.test_pipeline_equivalence import PLANS, STEPS, adam

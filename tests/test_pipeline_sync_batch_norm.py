@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf.batch_norm import BatchNormWarning
+from dapple_tf.rewrite.batch_norm import BatchNormWarning
 from dapple_tf.errors import DappleError
 from tests.pipeline_harness import SESSION_CONFIG, cpu
 
@@ -234,7 +234,7 @@ def test_sync_refuses_a_sum_over_the_batch_in_a_replicated_stage():
 
 
 def test_trainer_forwards_batch_norm_to_build_pipeline():
-    from dapple_tf.trainer import Trainer
+    from dapple_tf.frontends.trainer import Trainer
 
     x, y = data(4)
     plan = dapple_tf.Plan.from_stages([("block1", "block1", [cpu(0), cpu(1)]), ("block2", "head", [cpu(2)])], 1)

@@ -69,7 +69,7 @@ def test_keras_batch_normalization_with_sync_trains_like_accumulated_micro_batch
 
 def test_estimator_model_fn_forwards_batch_norm(tmp_path):
     tf_estimator = pytest.importorskip("tensorflow_estimator").estimator
-    from dapple_tf import estimator as dapple_estimator
+    from dapple_tf.frontends import estimator as dapple_estimator
 
     x, y = images(4, 2)
     plan = dapple_tf.Plan.from_stages([("conv", "conv", [cpu(0), cpu(1)]), ("head", "head", [cpu(2)])], 1)

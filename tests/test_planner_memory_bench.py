@@ -1,4 +1,4 @@
-"""The planner's memory model against the runtime (scripts/bench_planner_memory.py): estimated
+"""The planner's memory model against the runtime (scripts/bench/planner_memory.py): estimated
 per-device peak of a 2-stage plan within 25% of the peak measured in a traced pipelined step
 (gnmt: its decoder stage holds an LSTM backward's slice-gradient buffers, the working-bytes term)."""
 
@@ -31,7 +31,7 @@ def test_the_measured_side_counts_the_constants_each_device_keeps():
     import numpy as np
     import tensorflow as tf
 
-    from dapple_tf.step_stats import constant_bytes_per_device
+    from dapple_tf.trace.step_stats import constant_bytes_per_device
 
     graph = tf.compat.v1.GraphDef()
     for name, device, value in [("images", "/job:localhost/replica:0/task:0/device:CPU:0", np.zeros([8, 4], np.float32)),

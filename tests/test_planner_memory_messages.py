@@ -1,9 +1,9 @@
-"""Out-of-memory messages of planner/api.py: the per-stage message of a planner's best
+"""Out-of-memory messages of planner/planning/api.py: the per-stage message of a planner's best
 infeasible plan, and memory_error's "one stage per device" message for straight and dapple."""
 
-from planner.api import plan_all
-from planner.cluster import make_cluster
-from planner.profile import load_profile
+from planner.planning.api import plan_all
+from planner.formats.cluster import make_cluster
+from planner.formats.profile import load_profile
 from tests.shared_profiles import PROFILES
 
 VGG = PROFILES + "vgg-19-pbs-32.txt"

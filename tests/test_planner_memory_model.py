@@ -1,18 +1,18 @@
-"""The planner's memory model (planner/memory_model.py): kept bytes from a step memory figure,
+"""The planner's memory model (planner/planning/memory_model.py): kept bytes from a step memory figure,
 from measured kept bytes, or the output-bytes lower bound (with a warning)."""
 
 import warnings
 
 import pytest
 
-from planner import cost_model as cm
-from planner.api import MemoryLowerBoundWarning, PlanningError, plan
-from planner.cluster import make_cluster, preset_cluster
-from planner.memory_model import (MemoryInputError, kept_bytes_per_sample, parse_size, side_file_memory,
+from planner.planning import cost_model as cm
+from planner.planning.api import MemoryLowerBoundWarning, PlanningError, plan
+from planner.formats.cluster import make_cluster, preset_cluster
+from planner.planning.memory_model import (MemoryInputError, kept_bytes_per_sample, parse_size, side_file_memory,
                                   stage_working_bytes)
-from planner.model_profile import ModelProfile
-from planner.profile import load_profile
-from planner.schemas import plan_pb2
+from planner.formats.model_profile import ModelProfile
+from planner.formats.profile import load_profile
+from planner.formats import plan_pb2
 from tests.shared_profiles import PROFILES
 
 BERT = PROFILES + "bert-48-pbs-2.txt"
@@ -138,7 +138,7 @@ def test_recompute_is_chosen_when_nothing_fits_without_it():
 
 
 def test_a_model_that_fits_keeps_recompute_off_and_reports_show_the_choice():
-    from planner.report import _shape, comparison_table, summarize
+    from planner.planning.report import _shape, comparison_table, summarize
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -158,7 +158,7 @@ def test_a_model_that_fits_keeps_recompute_off_and_reports_show_the_choice():
 
 def _cheap_wide_profile(kept_bytes):
     """4 layers, cheap compute (0.05 ms forward at batch 8), 100 MB of parameters and `kept_bytes` kept for backward each."""
-    from planner.schemas import layer_cost_pb2
+    from planner.formats import layer_cost_pb2
 
     p = layer_cost_pb2.LayerCostProfile(model_name="cheap-wide", batch_size=8, source="test")
     for i in range(4):

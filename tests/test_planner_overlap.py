@@ -1,7 +1,7 @@
 """What the runtime does with a replicated stage's gradient AllReduce, measured on a timeline (TF
 RunMetadata step stats on virtual CPU devices): gradients are reduced in buckets, last layers first,
 and a bucket's collective starts while the last micro-batch's backward of the earlier layers still
-runs (dapple_tf/gradients.py). The planner models exactly that (Options.overlap, on by default;
+runs (dapple_tf/rewrite/gradients.py). The planner models exactly that (Options.overlap, on by default;
 cost_model.allreduce_tail_ms); the "dp" baseline is the paper's "DP No Overlap"."""
 
 import numpy as np
@@ -9,10 +9,10 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf.graph_walk import depends_on_any
-from planner import cost_model as cm
-from planner.model_profile import ModelProfile
-from planner.plan_eval import Options
+from dapple_tf.rewrite.graph_walk import depends_on_any
+from planner.planning import cost_model as cm
+from planner.formats.model_profile import ModelProfile
+from planner.planning.plan_eval import Options
 
 DEVICES = ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"]  # virtual CPUs (tests/conftest.py)
 

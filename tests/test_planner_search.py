@@ -1,16 +1,16 @@
-"""The planner's pruned search (planner/dapple_planner.py, prune=True) against the plain memoized
+"""The planner's pruned search (planner/planning/dapple_planner.py, prune=True) against the plain memoized
 search (prune=False), and the latency bound the pruning relies on."""
 
 import random
 
 import pytest
 
-from planner import cost_model as cm
-from planner.cluster import make_cluster, preset_cluster
-from planner.dapple_planner import search
-from planner.plan_eval import Options
-from planner.model_profile import ModelProfile
-from planner.profile import load_profile
+from planner.planning import cost_model as cm
+from planner.formats.cluster import make_cluster, preset_cluster
+from planner.planning.dapple_planner import search
+from planner.planning.plan_eval import Options
+from planner.formats.model_profile import ModelProfile
+from planner.formats.profile import load_profile
 from tests.shared_profiles import PROFILES
 
 

@@ -1,24 +1,24 @@
 """The objective (formula 2's L) with the simulator as a check, the opt-in selection among the DAPPLE
-search's best candidates by simulated time (planner/api.py), the
-TopK collector it uses, and the large-cluster approximations of planner/dapple_planner.py."""
+search's best candidates by simulated time (planner/planning/api.py), the
+TopK collector it uses, and the large-cluster approximations of planner/planning/dapple_planner.py."""
 
 import warnings
 
 import pytest
 
-from planner import cost_model as cm
-from planner.api import PerSizeTop, SimulationDisagreement, best_estimate, micro_batch_sizes, plan, plan_all
-from planner.cluster import preset_cluster
-from planner.dapple_planner import TopK, coarsen_cuts, replication_candidates
-from planner.plan_eval import Estimate, Options
-from planner.model_profile import ModelProfile
-from planner.profile import load_profile
-from planner.memory_model import parse_size
-from planner.report import summarize
-from planner.schedule import schedule_kind
-from planner.schedule_choice import weigh_schedules
-from planner.schemas import plan_pb2
-from planner.sim_adapter import simulate_plan
+from planner.planning import cost_model as cm
+from planner.planning.api import PerSizeTop, SimulationDisagreement, best_estimate, micro_batch_sizes, plan, plan_all
+from planner.formats.cluster import preset_cluster
+from planner.planning.dapple_planner import TopK, coarsen_cuts, replication_candidates
+from planner.planning.plan_eval import Estimate, Options
+from planner.formats.model_profile import ModelProfile
+from planner.formats.profile import load_profile
+from planner.planning.memory_model import parse_size
+from planner.planning.report import summarize
+from planner.formats.schedule import schedule_kind
+from planner.planning.schedule_choice import weigh_schedules
+from planner.formats import plan_pb2
+from planner.simulation.sim_adapter import simulate_plan
 from tests.shared_profiles import PROFILES
 
 

@@ -17,12 +17,12 @@ import warnings
 
 import pytest
 
-from planner import cost_model as cm
-from planner.api import plan
-from planner.cluster import preset_cluster
-from planner.plan_eval import Options, evaluate
-from planner.model_profile import ModelProfile
-from planner.profile import load_profile
+from planner.planning import cost_model as cm
+from planner.planning.api import plan
+from planner.formats.cluster import preset_cluster
+from planner.planning.plan_eval import Options, evaluate
+from planner.formats.model_profile import ModelProfile
+from planner.formats.profile import load_profile
 from tests.shared_profiles import PROFILES
 
 GBS = {"vgg-19-pbs-32": 2048, "gnmt-16-pbs-64": 1024, "bert-48-pbs-2": 64}

@@ -4,10 +4,10 @@ import glob
 
 import pytest
 
-from planner.model_profile import ModelProfile
-from planner.profile import (LayerCostProfile, ProfileError, format_pipedream, load_profile, parse_pipedream,
+from planner.formats.model_profile import ModelProfile
+from planner.formats.profile import (LayerCostProfile, ProfileError, format_pipedream, load_profile, parse_pipedream,
                              read_pipedream, write_pipedream)
-from planner.schemas import write_message
+from planner.formats import write_message
 from tests.shared_profiles import PROFILES
 
 SHIPPED = sorted(glob.glob(PROFILES + "*.txt"))

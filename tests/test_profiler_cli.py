@@ -39,7 +39,7 @@ def test_bad_input_fails_with_one_clear_line(args, message, tmp_path):
 
 
 def test_profile_memory_records_kept_bytes_and_the_step_peak(tmp_path):
-    from planner.model_profile import ModelProfile
+    from planner.formats.model_profile import ModelProfile
 
     out = tmp_path / "mlp-pbs-8.pbtxt"
     result = _run("--model=mlp", "--model_flags=hidden=16:8", "--batch_size=8", "--runs=1", "--warmup=0",
@@ -64,8 +64,8 @@ def test_profile_memory_records_the_unrolled_lstm_backward_buffers(tmp_path):
     # 6 per-step slices gates_x[:, t] of the gate tensor [8, 6, 64]: each slice gradient is a dense
     # buffer of the whole gate tensor (8 x 6 x 64 floats), all alive until they are added. This is
     # what the decoder stage held beyond its kept bytes (the 2-stage estimate was 0.68 of measured).
-    from planner.memory_model import stage_working_bytes
-    from planner.model_profile import ModelProfile
+    from planner.planning.memory_model import stage_working_bytes
+    from planner.formats.model_profile import ModelProfile
 
     out = tmp_path / "gnmt-pbs-8.pbtxt"
     result = _run("--model=gnmt", "--batch_size=8", "--runs=1", "--warmup=0", "--profile_memory", f"--output={out}")

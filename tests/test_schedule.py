@@ -1,8 +1,8 @@
-"""planner.schedule: orders, warm-up counts, in-flight micro-batches, validation."""
+"""planner.formats.schedule: orders, warm-up counts, in-flight micro-batches, validation."""
 
 import pytest
 
-from planner.schedule import BACKWARD, FORWARD, Schedule, ScheduleError, Task, build_schedule, warmup_counts
+from planner.formats.schedule import BACKWARD, FORWARD, Schedule, ScheduleError, Task, build_schedule, warmup_counts
 
 
 def test_dapple_two_stages_str():

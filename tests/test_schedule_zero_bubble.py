@@ -1,10 +1,10 @@
-"""Zero-bubble schedules (planner/zero_bubble.py): orders with W tasks, memory bound, and what the simulator
+"""Zero-bubble schedules (planner/formats/zero_bubble.py): orders with W tasks, memory bound, and what the simulator
 gives for them on unit costs (the zero-bubble paper's assumption F = B = W)."""
 
 import pytest
 
-from planner.schedule import BACKWARD, FORWARD, WEIGHT, Schedule, ScheduleError, Task, build_schedule
-from planner.simulator import StageCost, simulate
+from planner.formats.schedule import BACKWARD, FORWARD, WEIGHT, Schedule, ScheduleError, Task, build_schedule
+from planner.simulation.simulator import StageCost, simulate
 
 
 def test_zb_h1_two_stages_str():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from planner.schemas import SchemaError, layer_cost_pb2, plan_pb2, read_message, write_message
+from planner.formats import SchemaError, layer_cost_pb2, plan_pb2, read_message, write_message
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

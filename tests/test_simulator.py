@@ -1,9 +1,9 @@
-"""planner.simulator: event simulation of schedules with explicit stage costs (no profile needed)."""
+"""planner.simulation.simulator: event simulation of schedules with explicit stage costs (no profile needed)."""
 
 import pytest
 
-from planner.schedule import build_schedule
-from planner.simulator import (
+from planner.formats.schedule import build_schedule
+from planner.simulation.simulator import (
     KIND_ALLREDUCE,
     KIND_BACKWARD,
     KIND_FORWARD,

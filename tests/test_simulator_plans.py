@@ -1,6 +1,6 @@
-"""planner.sim_adapter: simulating real plans of the shipped profiles; analytic vs simulated time.
+"""planner.simulation.sim_adapter: simulating real plans of the shipped profiles; analytic vs simulated time.
 
-The paper's Table 4 plans (built through planner/plan_eval.py, so costed exactly as the planner
+The paper's Table 4 plans (built through planner/planning/plan_eval.py, so costed exactly as the planner
 costs them) simulate within 5% of the analytic estimate. The plans the planner picks itself at a
 few settings have few micro-batches and a long round trip behind the pivot stage: there the
 analytic Ts = (M-1)(F_Q + B_Q) misses the pivot's internal bubbles (the paper says so in 4.1),
@@ -11,14 +11,14 @@ import os
 
 import pytest
 
-from planner import api, baselines
-from planner import cost_model as cm
-from planner.cluster import preset_cluster
-from planner.plan_eval import Options, evaluate, to_plan
-from planner.model_profile import ModelProfile
-from planner.profile import load_profile
-from planner.schemas import plan_pb2
-from planner.sim_adapter import (
+from planner.planning import api, baselines
+from planner.planning import cost_model as cm
+from planner.formats.cluster import preset_cluster
+from planner.planning.plan_eval import Options, evaluate, to_plan
+from planner.formats.model_profile import ModelProfile
+from planner.formats.profile import load_profile
+from planner.formats import plan_pb2
+from planner.simulation.sim_adapter import (
     pivot_internal_bubble_ms,
     plan_schedule,
     relative_difference,

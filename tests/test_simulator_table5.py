@@ -1,9 +1,9 @@
-"""The DAPPLE paper's Table 5 pattern in simulation (scripts/bench_schedule_memory.py)."""
+"""The DAPPLE paper's Table 5 pattern in simulation (scripts/bench/schedule_memory.py)."""
 
 
 import pytest
 
-from scripts.bench_schedule_memory import GIB, table5_rows
+from scripts.bench.schedule_memory import GIB, table5_rows
 from tests.shared_profiles import requires_profiles
 from tests.programs import run_program
 

@@ -1,4 +1,4 @@
-"""Stages built once as functions (dapple_tf/stage_function.py, issue 23): the graph grows by call sites per
+"""Stages built once as functions (dapple_tf/rewrite/stage_function.py, issue 23): the graph grows by call sites per
 micro-batch, not by the model's ops; build_pipeline's default switches to them for large clones; stages the path
 does not cover are imported per clone, with the reason."""
 
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf import stage_function
+from dapple_tf.rewrite import stage_function
 from tests import toy_models
 from tests.pipeline_harness import assert_close_dicts, cpu, train_pipelined, train_single
 

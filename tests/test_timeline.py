@@ -1,4 +1,4 @@
-"""dapple_tf.timeline: the measured timeline of one traced pipelined step (virtual CPU devices), its
+"""dapple_tf.trace.timeline: the measured timeline of one traced pipelined step (virtual CPU devices), its
 boxes per task, transfers, AllReduce and optimizer steps, its Chrome trace and its picture."""
 
 import collections
@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf import timeline
-from planner.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER, KIND_SEND_ACTIVATION, KIND_WEIGHT,
+from dapple_tf.trace import timeline
+from planner.simulation.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER, KIND_SEND_ACTIVATION, KIND_WEIGHT,
                                KIND_SEND_GRADIENT, simulate)
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, cpu

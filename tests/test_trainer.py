@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import dapple_tf
 import models
-from dapple_tf.trainer import Trainer, TrainerOptions
+from dapple_tf.frontends.trainer import Trainer, TrainerOptions
 from tests.pipeline_harness import SESSION_CONFIG, cpu
 from tests.programs import run_program
 
@@ -93,8 +93,8 @@ def test_dapple_train_usage_errors(args, message):
 
 
 def test_dapple_train_refuses_a_cluster_plan_in_one_process(tmp_path):
-    from planner.cluster import local_task_cluster
-    from planner.schemas import plan_pb2, write_message
+    from planner.formats.cluster import local_task_cluster
+    from planner.formats import plan_pb2, write_message
 
     plan = plan_pb2.Plan(model_name="mlp", global_batch_size=8, num_micro_batches=1)
     plan.cluster.CopyFrom(local_task_cluster(1, 1, memory_bytes=1e9))

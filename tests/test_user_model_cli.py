@@ -8,7 +8,7 @@ import dapple_tf
 import profiler
 from tests import cli_user_model
 from tests.pipeline_harness import assert_close_dicts, train_pipelined, train_single
-from scripts import user_model
+from dapple_tf.model import user_model
 from tests.programs import run_program
 
 NAMES = ["mine/hidden1", "mine/hidden2", "mine/logits"]

@@ -1,9 +1,9 @@
-"""dapple_tf.watchdog: when a probed task counts as lost, and what the watchdog does then."""
+"""dapple_tf.cluster.watchdog: when a probed task counts as lost, and what the watchdog does then."""
 
 import time
 
-from dapple_tf import watchdog
-from dapple_tf.cluster import TFCluster
+from dapple_tf.cluster import watchdog
+from dapple_tf.cluster.servers import TFCluster
 
 CLUSTER = TFCluster(("127.0.0.1:1001", "127.0.0.1:1002"))
 

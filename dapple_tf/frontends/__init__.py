@@ -1,0 +1,2 @@
+"""Front-ends over build_pipeline: tf.estimator, the Trainer loop and the Horovod backend.
+"""

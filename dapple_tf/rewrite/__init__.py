@@ -1,0 +1,17 @@
+"""The rewrite: from a user's single-device model and a plan to a DAPPLE pipelined graph.
+
+`pipeline.build_pipeline` runs the passes in this order (paper section 5):
+1. template (template.py): the model built once on placeholders, cut into stages by its layers;
+2. forward (stage_builder.py, graph_defs.py, stage_function.py, variable_reads.py, recompute.py): each stage
+   per micro-batch and replica, as imported clones or as calls of functions defined once;
+3. split/concat (microbatch.py, replicas.py): slices of the batch and of activations between stages of
+   different replication, and a copy of each variable on every device that reads it;
+4. backward (stage_builder.py, tasks.py): per stage in reverse, gradients of each clone or function call,
+   split into input gradients (B) and weight gradients (W);
+5. order (tasks.py): control edges that make each device run its tasks in the schedule's order;
+6. gradients and AllReduce (gradients.py, collectives.py): accumulation over micro-batches, then sums
+   across the replicas in buckets;
+7. apply (pipeline.py, replicas.py, batch_norm.py): the optimizer's step on every copy, UPDATE_OPS once per step.
+Analyses the passes consult: normalization.py and sync_batch_norm.py (batch statistics), random_ops.py,
+outputs.py (extra outputs), graph_walk.py.
+"""

@@ -1,0 +1,168 @@
+"""Gradients of the variables: accumulated over micro-batches per device, then all-reduced.
+
+`GradientAccumulator` keeps, per (variable, device), a running sum of the gradients the
+device's backward tasks produce (one live copy, not M). A variable only ever read by gathers
+(embedding lookups) also gets a running count of the rows each gather touched, so that the
+reduced gradient can be applied as IndexedSlices of exactly those rows: lazy optimizers
+(Momentum, RMSProp, ...) then update the same rows as single-device `minimize` does.
+
+`reduce_and_pair` all-reduces each (device set, dtype) group in buckets of about `bucket_bytes`
+(planner.formats.constants.ALLREDUCE_BUCKET_BYTES by default, which the cost model assumes too), in the order the last micro-batch's backward
+produces the gradients (the variables whose gradient ops were created first, i.e. the last layers,
+first), one bucket after another on every device. A bucket's collective depends only on its own
+gradients, so it runs while the backward of earlier layers still computes (backward/AllReduce
+overlap: tests/test_planner_overlap.py measures it, planner.planning.cost_model.allreduce_tail_ms models it).
+The apply step waits for every bucket of the device set. The sums are paired with every copy of the
+variable for the apply step.
+"""
+
+from typing import Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from dapple_tf.rewrite import collectives
+from dapple_tf.rewrite.replicas import VariableCopies
+from planner.formats.constants import ALLREDUCE_BUCKET_BYTES
+
+Key = Tuple[tf.Variable, str]  # (variable, device)
+
+
+class GradientAccumulator:
+    def __init__(self):
+        self.sums: Dict[Key, tf.Tensor] = {}
+        self.row_counts: Dict[Key, tf.Tensor] = {}  # for keys whose every gradient so far was sparse
+        self._dense: set = set()  # keys that got a dense gradient at least once
+        self.last_gradient: Dict[Key, tf.Tensor] = {}  # the latest micro-batch's gradient (its ops' creation order)
+
+    def add(self, variable: tf.Variable, device: str, grad) -> None:
+        """Adds one backward task's gradient (a Tensor or IndexedSlices) on `device`."""
+        key = (variable, device)
+        if isinstance(grad, tf.IndexedSlices) and key not in self._dense:
+            rows = variable.shape[0]
+            counts = tf.math.unsorted_segment_sum(
+                tf.ones_like(grad.indices, dtype=variable.dtype.base_dtype), grad.indices, rows
+            )
+            self.row_counts[key] = counts if key not in self.row_counts else self.row_counts[key] + counts
+        else:
+            self._dense.add(key)
+            self.row_counts.pop(key, None)
+        dense = tf.convert_to_tensor(grad)
+        dense.set_shape(variable.shape)  # gradients through control flow may lose it
+        self.last_gradient[key] = dense
+        self.sums[key] = dense if key not in self.sums else self.sums[key] + dense
+
+    def running_sum(self, variable: tf.Variable, device: str):
+        """The dense sum so far of `variable`'s gradients on `device` (None before the first, or while sparse)."""
+        key = (variable, device)
+        return self.sums.get(key) if key in self._dense else None
+
+    def set_sum(self, variable: tf.Variable, device: str, total: tf.Tensor) -> None:
+        """Records `total` (the running sum plus one backward task's dense gradient, added by the caller)."""
+        key = (variable, device)
+        self._dense.add(key)
+        self.row_counts.pop(key, None)
+        total.set_shape(variable.shape)
+        self.last_gradient[key] = total
+        self.sums[key] = total
+
+    def devices_of(self) -> Dict[tf.Variable, Tuple[str, ...]]:
+        result: Dict[tf.Variable, Tuple[str, ...]] = {}
+        for variable, device in self.sums:
+            result[variable] = result.get(variable, ()) + (device,)
+        return {v: tuple(sorted(d)) for v, d in result.items()}
+
+    def is_sparse(self, variable: tf.Variable, devices) -> bool:
+        return all((variable, d) in self.row_counts for d in devices)
+
+
+def _as_slices(dense: tf.Tensor, counts: tf.Tensor) -> tf.IndexedSlices:
+    rows = tf.reshape(tf.where(counts > 0), [-1])
+    return tf.IndexedSlices(tf.gather(dense, rows), rows, dense_shape=tf.shape(dense, out_type=tf.int64))
+
+
+def _identity_after(grad, deps):
+    with tf.control_dependencies(deps):
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.identity(grad.values), tf.identity(grad.indices), grad.dense_shape)
+        return tf.identity(grad)
+
+
+def _buckets(group: List[tf.Variable], accumulator: GradientAccumulator, device: str, bucket_bytes: float,
+             position: Dict[tf.Operation, int]) -> List[List[tf.Variable]]:
+    """`group` in backward order (by the creation of each variable's last gradient op on `device`),
+    cut into consecutive buckets of at least `bucket_bytes` (the last one may be smaller)."""
+    ordered = sorted(group, key=lambda v: position[accumulator.last_gradient[(v, device)].op])
+    buckets, current, size = [], [], 0
+    for v in ordered:
+        current.append(v)
+        size += v.shape.num_elements() * v.dtype.base_dtype.size
+        if size >= bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + [current] if current else buckets
+
+
+def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys,
+                    cross_process_reduce=None, bucket_bytes: Optional[float] = None,
+                    start_after: Optional[tf.Operation] = None):
+    """AllReduce per (device set, dtype) in buckets; returns (grads_and_vars, (grad, copy) pairs to apply).
+
+    cross_process_reduce(buffer) -> buffer, if given, reduces each bucket's packed in-process sum
+    once across processes (dapple_tf.frontends.horovod), weighted by the process's share of the batch.
+    bucket_bytes: see the module docstring (None: ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
+    start_after: an op every device's first collective waits for (build_pipeline's stale-copy check)."""
+    bucket_bytes = ALLREDUCE_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    devices_of = accumulator.devices_of()
+    groups: Dict[Tuple[Tuple[str, ...], tf.DType], List[tf.Variable]] = {}
+    for variable, devices in devices_of.items():
+        groups.setdefault((devices, variable.dtype.base_dtype), []).append(variable)
+    graph = next(iter(accumulator.sums.values())).graph if accumulator.sums else None
+    position = {op: i for i, op in enumerate(graph.get_operations())} if graph is not None else {}
+    reduced: Dict[Key, object] = {}
+    exposed: Dict[tf.Variable, object] = {}
+    last_collective: Dict[str, object] = {}
+    if start_after is not None:
+        last_collective = {d: start_after for devices in devices_of.values() for d in devices}
+    # One fixed order of collectives on every device (NCCL needs it on overlapping groups).
+    for devices, dtype in sorted(groups, key=lambda key: (key[0], key[1].name)):
+        summed: Dict[Key, tf.Tensor] = {}
+        # exchange_sum needs no launch order and packs small gradients itself: one bucket, each group of it
+        # reduced as soon as the last backward has made it
+        exchange = cross_process_reduce is None and collectives.uses_exchange(devices)
+        size = float("inf") if exchange else bucket_bytes
+        for bucket in _buckets(groups[(devices, dtype)], accumulator, devices[0], size, position):
+            sparse = [v for v in bucket if accumulator.is_sparse(v, devices)]
+            per_device = {
+                d: [accumulator.sums[(v, d)] for v in bucket] + [accumulator.row_counts[(v, d)] for v in sparse]
+                for d in devices
+            }
+            sums = collectives.all_reduce_sum(per_device, keys, after=last_collective,
+                                              cross_process_reduce=cross_process_reduce)
+            for d in devices:
+                if len(devices) > 1 and not exchange:
+                    last_collective[d] = sums[d][0]
+                counts = dict(zip(sparse, sums[d][len(bucket):]))
+                for v, total in zip(bucket, sums[d][: len(bucket)]):
+                    summed[(v, d)] = (total, counts.get(v))
+        group = groups[(devices, dtype)]
+        # The apply step waits for the device set's last bucket; fetching one device's sum must run
+        # every participant's collectives.
+        chained = len(devices) > 1 and all(d in last_collective for d in devices)
+        everyone = [last_collective[d] for d in devices] if chained else []
+        for d in devices:
+            with tf.device(d), tf.control_dependencies([last_collective[d]] if chained else []):
+                for v in group:
+                    total, count = summed[(v, d)]
+                    total = tf.identity(total)
+                    reduced[(v, d)] = _as_slices(total, count) if count is not None else total
+        for v in group:
+            home = next((d for d, c in copies.copies_of(v).items() if c is v), None)
+            source = home if home in devices else devices[0]
+            with tf.device(source):
+                exposed[v] = _identity_after(reduced[(v, source)], everyone)
+    grads_and_vars, apply_pairs = [], []
+    for variable in devices_of:
+        grads_and_vars.append((exposed[variable], variable))
+        for device, copy in copies.copies_of(variable).items():
+            apply_pairs.append((reduced.get((variable, device), exposed[variable]), copy))
+    return grads_and_vars, apply_pairs

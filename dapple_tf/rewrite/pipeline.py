@@ -1,0 +1,238 @@
+"""`build_pipeline`: the rewrite from a single-device model to a DAPPLE pipelined graph.
+
+Passes, in order (paper section 5):
+1. template: call model_fn once, on placeholders like the global batch with an unknown batch
+   size, with layer markers recorded; each layer's variables are created on its stage's first
+   device (template.py cuts it into stages);
+2. forward: per micro-batch and stage replica, import the stage's operations under the replica's
+   device, fed by slices of the inputs and of earlier stages' outputs (microbatch.py);
+3. backward: stage by stage in reverse, per micro-batch and replica, `tf.gradients` of the clone
+   with grad_ys from later stages; variable gradients are accumulated as a running sum;
+4. schedule: control edges make each device run its tasks in the planner.formats.schedule order (tasks.py);
+5. update: AllReduce of the accumulated gradients across the devices holding each variable, in
+   buckets that start during the last micro-batch's backward (gradients.py, collectives.py), then
+   one apply step of the user's optimizer on every copy (replicas.py).
+"""
+
+import dataclasses
+from typing import Dict, List, Sequence, Tuple
+
+import tensorflow as tf
+
+from dapple_tf.rewrite import (batch_norm as batch_norm_lib, collectives, gradients, microbatch, outputs as outputs_lib, random_ops, recompute as recompute_lib, template as template_lib)
+from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
+from dapple_tf.model.graph_mode import require_graph_mode
+from dapple_tf.model.layers import LayerRecorder
+from dapple_tf.plan import Plan, ResolvedStage
+from dapple_tf.rewrite.replicas import VariableCopies, canonical_device
+from dapple_tf.model.scopes import ScopeLayers
+from dapple_tf.rewrite.stage_builder import StageBuilder
+from planner.formats.schedule import SCHEDULE_KINDS, Schedule, Task
+from planner.formats import plan_pb2
+
+
+@dataclasses.dataclass
+class PipelineHandle:
+    """What build_pipeline made. Run `initializer` once, then `train_op` each step."""
+
+    train_op: tf.Operation
+    loss: tf.Tensor  # mean loss over the global batch
+    grads_and_vars: List[Tuple[tf.Tensor, tf.Variable]]  # averaged gradients of the user's variables
+    schedule: Schedule
+    stages: Tuple[ResolvedStage, ...]
+    micro_batch_size: int
+    initializer: tf.Operation  # global init, then local init (variable copies), then broadcast
+    local_init_op: tf.Operation  # after a checkpoint restore: local init, then broadcast
+    broadcast_op: tf.Operation  # copies := the user's variables (and optimizer slots)
+    task_op_names: Dict[Tuple[str, Task, int], Tuple[str, ...]]  # (device, task, replica) -> op names
+    outputs: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # model_fn's extra outputs
+    update_ops: List[tf.Operation] = dataclasses.field(default_factory=list)  # UPDATE_OPS, run by train_op
+    allreduce_op_names: Tuple[str, ...] = ()  # the operations that all-reduce gradients (timeline.py draws them)
+    # backward tasks split into B and W (tasks.input_gradients_first): (device, task, replica) -> B's op names
+    input_gradient_op_names: Dict[Tuple[str, Task, int], Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    function_fallbacks: Dict[int, str] = dataclasses.field(default_factory=dict)  # stage -> why not a function call
+
+
+def _as_plan(plan) -> Plan:
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, plan_pb2.Plan):
+        return Plan.from_proto(plan)
+    if isinstance(plan, str):
+        return Plan.from_file(plan)
+    raise PlanError(f"plan must be a dapple_tf.Plan, a plan_pb2.Plan or a plan file path, got {type(plan).__name__}")
+
+
+def _check_devices(devices: Sequence[str]) -> None:
+    """Local devices (canonical spellings) must exist; a cluster's are checked against the cluster
+    (dapple_tf.cluster.servers.map_devices) by whoever opens the session to it."""
+    local = {canonical_device(d.name) for d in tf.config.list_logical_devices()}
+    missing = [d for d in devices if tf.DeviceSpec.from_string(d).job is None and d not in local]
+    if missing:
+        raise PlanError(
+            f"the plan uses devices {missing} that this process does not have; available: {sorted(local)}. "
+            "To get them: dapple_train --num_devices=N (N virtual CPU devices; or a plan for the devices you have: "
+            "dapple_plan --num_devices=N), or in your own program, before TensorFlow starts, split the CPU into N "
+            "virtual devices: tf.config.set_logical_device_configuration(tf.config.list_physical_devices('CPU')[0], "
+            "[tf.config.LogicalDeviceConfiguration()] * N) (as in the README's example)"
+        )
+
+
+class _LayerPlacer:
+    """Places each layer's template operations (and so its variables) on its stage's first device."""
+
+    def __init__(self, plan: Plan):
+        self._plan = plan
+        self._stage = 0
+
+    def __call__(self, name: str, index: int):
+        stages = self._plan.stages
+        for i, stage in enumerate(stages):
+            if stage.first_layer in (name, index):
+                self._stage = i
+        return stages[self._stage].devices[0]
+
+
+def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, layers=None,
+                   recompute=None, cross_process_reduce=None, batch_norm="per_slice", allreduce_bucket_bytes=None,
+                   stage_functions=None):
+    """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
+
+    model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
+    (batch-leading tensors or scalar means: handle.outputs), with layers marked by dapple_tf.layer; features
+    and labels are the global batch (tensors or nests of tensors, leading dimension = batch);
+    optimizer a tf.compat.v1.train.Optimizer; plan a dapple_tf.Plan, a plan proto or a plan file;
+    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple");
+    layers: None (dapple_tf.layer markers) or dapple_tf.layers_by_scope(...) (the model's name scopes).
+    recompute (re-computation, recompute.py) True, False or a list of stage indices (default: the
+    plan file's choice, else none).
+    cross_process_reduce: see gradients.reduce_and_pair (dapple_tf.frontends.horovod passes it).
+    allreduce_bucket_bytes: gradients are all-reduced in buckets of at least this many bytes, last
+    layers first, overlapping the last micro-batch's backward (default 25 MiB, the planner's
+    ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
+    batch_norm: "per_slice" (each replica's slice of a micro-batch normalized with its own statistics) or
+    "sync" (a replicated stage's batch norms, fused or tf.nn.moments-style, use the whole micro-batch's statistics:
+    sync_batch_norm.py; per-sample normalizations such as LayerNormalization are told apart: normalization.py).
+    stage_functions: True builds each stage once, as functions called per micro-batch and replica (stage_function.py;
+    a stage it does not cover is imported per clone: PipelineHandle.function_fallbacks): the graph and the first
+    step no longer grow with the model's ops times M, at some step time and activation memory. False imports
+    every stage per micro-batch and replica. None (default): functions when the clones would hold more than
+    stage_function.AUTO_CLONED_OPS operations.
+    Returns a PipelineHandle.
+    """
+    require_graph_mode("build_pipeline")
+    if batch_norm not in batch_norm_lib.MODES:
+        raise DappleError(f"batch_norm must be one of {batch_norm_lib.MODES}, got {batch_norm!r}")
+    plan = _as_plan(plan)
+    schedule = schedule or plan.schedule_kind or "dapple"
+    if schedule not in SCHEDULE_KINDS:
+        raise PlanError(f"unknown schedule {schedule!r}; expected one of {SCHEDULE_KINDS}")
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise DappleError(
+            f"optimizer must be a tf.compat.v1.train.Optimizer (graph mode), got {type(optimizer).__name__}"
+        )
+    if type(optimizer).__module__.startswith("horovod."):
+        raise DappleError(
+            "hvd.DistributedOptimizer cannot be given to build_pipeline (it all-reduces in compute_gradients, which "
+            "the pipeline never calls): pass the plain optimizer and use dapple_tf.frontends.horovod.build_pipeline"
+        )
+    plan = plan.with_devices(canonical_device)  # one spelling per device: duplicates are caught
+    _check_devices(plan.devices)
+    graph = tf.compat.v1.get_default_graph()
+    structure = (features, labels)
+    flat = [None if t is None else tf.convert_to_tensor(t) for t in tf.nest.flatten(structure)]
+    inputs = template_lib.template_inputs([t for t in flat if t is not None])
+    placeholder_of = {t.name: graph.get_tensor_by_name(p) for p, t in inputs.items()}
+    template_features, template_labels = tf.nest.pack_sequence_as(
+        structure, [None if t is None else placeholder_of.get(t.name, t) for t in flat]
+    )
+
+    if layers is not None and not isinstance(layers, ScopeLayers):
+        raise DappleError(f"layers must be None (markers) or dapple_tf.layers_by_scope(...), got {layers!r}")
+    placer = _LayerPlacer(plan)
+    recorder = layers.recorder(graph, placer) if layers is not None else LayerRecorder(graph, device_for_layer=placer)
+    first_model_op = len(graph.get_operations())
+    with recorder.activate():
+        loss, extras = outputs_lib.split_model_result(model_fn(template_features, template_labels))
+    if not recorder.layers:
+        raise LayerMarkerError("model_fn marked no layers; wrap each layer in `with dapple_tf.layer(name):`")
+    loss = tf.convert_to_tensor(loss)
+    if layers is not None:
+        recorder.drop_layers_unused_by(loss)
+    if not loss.dtype.is_floating:
+        raise DappleError(f"model_fn must return a floating-point loss, got {loss.dtype.name} {loss.name}")
+    stages = plan.resolve(recorder.names)
+    variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
+    template = template_lib.analyze(loss, inputs, recorder.layers, stages, variables, extras)
+    if plan.global_batch_size and plan.global_batch_size != template.global_batch_size:
+        raise PlanError(
+            f"{plan.source}: the plan is for a global batch of {plan.global_batch_size} but the features hold "
+            f"{template.global_batch_size} samples"
+        )
+    micro_size = microbatch.micro_batch_size(
+        template.global_batch_size, plan.num_micro_batches, [s.replication for s in stages]
+    )
+    sched = plan.schedule(schedule)
+    random_ops.warn_per_slice(template.stages, plan.num_micro_batches)
+    trainable = set(tf.compat.v1.trainable_variables())
+
+    keys = collectives.CollectiveKeys(graph)
+    copies = VariableCopies()
+    sync = batch_norm == batch_norm_lib.SYNC
+    updates = batch_norm_lib.prepare(template, set(graph.get_operations()[first_model_op:]), micro_size,
+                                     plan.num_micro_batches, sync)
+    again = recompute_lib.stages_to_recompute(recompute, plan.recompute, len(stages))
+    builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable, again,
+                           sync_keys=keys if sync else None, stage_functions=stage_functions,
+                           sync_statistics=updates.synchronized)
+    builder.build_forward(sched)
+    builder.build_backward(sched)
+    builder.chain(sched)
+    extra_outputs = builder.extra_outputs()
+    update_ops = updates.build(builder.combined, stages[-1].devices[0])
+
+    with tf.device(stages[-1].devices[0]):
+        loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
+
+    # The first collective on every device waits for the stale-copy check, so a failing check stops the
+    # step with its own message, not with the collectives it would otherwise cancel mid-flight.
+    stale_copy_check = copies.stale_copy_check()
+    first_reduce_op = len(graph.get_operations())
+    grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys, cross_process_reduce,
+                                                              allreduce_bucket_bytes, start_after=stale_copy_check)
+    allreduce_op_names = tuple(op.name for op in graph.get_operations()[first_reduce_op:])
+    if not grads_and_vars:
+        raise DappleError("the loss depends on no trainable variable: there is nothing to train")
+    with tf.control_dependencies([stale_copy_check]):
+        apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
+    train_op = tf.group(apply_op, *update_ops, name="dapple_train") if update_ops else apply_op
+    slot_pairs = copies.localize_slots(optimizer)
+    broadcast = copies.broadcast_op(slot_pairs)
+    local_init = _after_local_init(copies, slot_pairs, "dapple_local_init")
+    with tf.control_dependencies([tf.compat.v1.global_variables_initializer()]):
+        initializer = _after_local_init(copies, slot_pairs, "dapple_initializer")
+    graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_INIT_OP, local_init)
+    return PipelineHandle(
+        train_op=train_op,
+        loss=loss_mean,
+        grads_and_vars=grads_and_vars,
+        schedule=sched,
+        stages=stages,
+        micro_batch_size=micro_size,
+        initializer=initializer,
+        local_init_op=local_init,
+        broadcast_op=broadcast,
+        task_op_names=builder.task_op_names(),
+        input_gradient_op_names=builder.task_op_names(input_gradients=True),
+        outputs=extra_outputs,
+        update_ops=update_ops,
+        allreduce_op_names=allreduce_op_names,
+        function_fallbacks=dict(builder.function_fallbacks),
+    )
+
+
+def _after_local_init(copies: VariableCopies, slot_pairs, name: str) -> tf.Operation:
+    """The default local initialization (local variables, lookup tables, local resources: what a
+    Scaffold runs when LOCAL_INIT_OP is empty), then the broadcast of the user's variables to the copies."""
+    with tf.control_dependencies([tf.compat.v1.train.Scaffold.default_local_init_op()]):
+        return tf.group(copies.broadcast_op(slot_pairs), name=name)

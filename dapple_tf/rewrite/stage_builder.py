@@ -1,0 +1,426 @@
+"""Builds every stage's forward and backward tasks per micro-batch and replica.
+
+Forward task (s, m, j): slices of the inputs and of earlier stages' outputs for micro-batch m,
+replica j (split/concat between stages of different replication), then the stage's operations
+imported under replica j's device. Backward task (s, m, j): the gradient pieces later stages sent
+for this clone's outputs are concatenated into grad_ys; `tf.gradients` of the clone gives the
+gradients of its inputs (cut into pieces for the producing replicas) and of its variables (added
+to a running sum per variable and device, so no more than one accumulated copy is alive).
+The loss of replica j is weighted by its slice's share of the global batch, so summing over
+micro-batches and replicas gives exactly the full-batch mean and its gradient.
+With sync batch norm (sync_batch_norm.py), a replicated stage's GraphDef is rewritten before cloning so
+that its batch norms all-reduce their statistics across the replicas; each clone feeds the instance
+keys of its micro-batch (shared by the replicas, distinct per micro-batch and per recomputation).
+A stage with re-computation differentiates, in its backward task, a second clone fed by what
+the forward clone was fed (recompute.py) instead of the forward clone.
+With stage functions, a stage is built once as forward, input-gradient and weight-gradient functions,
+and each task calls them (stage_function.py); a stage the function path does not cover is imported per
+clone, and `function_fallbacks` says why. By default (stage_functions=None) the functions are used when
+the clones would be large (`stage_function.use_functions`).
+"""
+
+import dataclasses
+import random
+from typing import Dict, List, Sequence, Tuple
+
+import tensorflow as tf
+
+from dapple_tf.rewrite import (collectives, graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib, recompute as recompute_lib, stage_function, sync_batch_norm, tasks)
+from dapple_tf.errors import DappleError
+from dapple_tf.rewrite.gradients import GradientAccumulator
+from dapple_tf.rewrite.replicas import VariableCopies
+from dapple_tf.rewrite.template import BOUNDARY, EXTERNAL, INPUT, VARIABLE, Template
+from planner.formats.schedule import BACKWARD, FORWARD, Schedule, Task
+
+
+@dataclasses.dataclass
+class _Clone:
+    """One forward clone: what it was fed and what it produced."""
+
+    inputs: Dict[str, tf.Tensor]  # template tensor name -> the tensor fed in its place
+    outputs: Dict[str, tf.Tensor]  # template tensor name -> the clone's tensor
+    loss: tf.Tensor = None
+    extras: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # model_fn's extra outputs
+    salt: int = 0  # its random ops' seed salt (graph_defs.private_copy)
+    env: Dict[str, tf.Tensor] = None  # a function stage's call: what its F call produced (stage_function.py)
+
+
+def _differentiable(t: tf.Tensor) -> bool:
+    return t.dtype.base_dtype.is_floating or t.dtype.base_dtype.is_complex
+
+
+def _wanted(stage, extras: bool = True) -> List[str]:
+    """Names of the template tensors a clone of `stage` returns: its outputs, its loss, its extra outputs."""
+    wanted = [t.name for t in stage.outputs] + ([stage.loss.name] if stage.loss is not None else [])
+    if extras:
+        wanted += [t.name for t in stage.extra_outputs if t.name not in wanted]
+    return wanted
+
+
+def _check_batch_major(name: str, stage: int, producers: List[tf.Tensor], sizes) -> None:
+    """Each producer replica's clone of `name` must have as many rows as its slice has samples."""
+    for i, (t, rows) in enumerate(zip(producers, sizes)):
+        if t.shape.rank is not None and t.shape[0] is not None and t.shape[0] != rows:
+            raise DappleError(
+                f"{name} leaves stage {stage} and is split by samples, but its first dimension is not the batch: "
+                f"replica {i}'s slice of {rows} samples makes it {t.shape}; give it a leading batch dimension "
+                "before the stage boundary, or move the boundary"
+            )
+
+
+class StageBuilder:
+    """Forward and backward tasks of every stage; see the module docstring."""
+
+    def __init__(
+        self,
+        graph: tf.Graph,
+        template: Template,
+        micro_batch_size: int,
+        num_micro_batches: int,
+        copies: VariableCopies,
+        trainable: set,
+        recompute: Sequence[bool] = (),
+        sync_keys: collectives.CollectiveKeys = None,
+        stage_functions: bool = None,
+        sync_statistics: Sequence[Dict[str, object]] = None,
+    ):
+        """sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys;
+        sync_statistics: per stage, the batch statistics to synchronize (batch_norm.prepare's `synchronized`;
+        None: every training-mode fused norm).
+        stage_functions: build stages as functions (stage_function.py) where they can be: True, False, or None
+        (when the clones would be large)."""
+        self.graph = graph
+        self.template = template
+        self.micro_batch_size = micro_batch_size
+        self.num_micro_batches = num_micro_batches
+        self.copies = copies
+        self.trainable = trainable
+        self.recompute = tuple(recompute) or (False,) * len(template.stages)
+        self._graph_defs: List[graph_defs_lib.StageGraphDef] = []
+        self.task_ops = tasks.TaskOps(graph)
+        self.clones: Dict[Tuple[int, int, int], _Clone] = {}
+        self.weighted_losses: List[tf.Tensor] = []
+        self.accumulator = GradientAccumulator()
+        # (stage, micro-batch, replica, output name) -> [(first row, gradient piece)] per consumer stage
+        self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, tf.Tensor]]]] = {}
+        self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
+        self._sizes = [microbatch.slice_sizes(micro_batch_size, st.stage.replication) for st in template.stages]
+        self._sync_keys = sync_keys
+        self._sync_statistics = sync_statistics
+        self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
+        self._keys_per_clone_group = [0] * len(template.stages)  # instance keys of a stage's synced batch norms
+        self._gradient_split: Dict[Tuple[int, int, int], tuple] = {}  # backward task -> (input, weight grads, device)
+        self._stage_functions = stage_functions
+        self._functions: Dict[int, stage_function.StageFunctions] = {}
+        self.function_fallbacks: Dict[int, str] = {}  # stage -> why it is imported per clone
+
+    # -- forward ---------------------------------------------------------------------------
+    def _micro_batch_inputs(self) -> List[Dict[str, tf.Tensor]]:
+        b = self.micro_batch_size
+        per_micro = []
+        for m in range(self.num_micro_batches):
+            slices = {}
+            for name, t in self.template.inputs.items():
+                with tf.device(t.device or None), tf.name_scope(f"dapple/inputs/mb{m}"):
+                    slices[name] = t[m * b : (m + 1) * b]
+            per_micro.append(slices)
+        return per_micro
+
+    def build_forward(self, schedule: Schedule) -> None:
+        # Variable copies first, so that no task captures their creation.
+        for stage in self.template.stages:
+            for ext in stage.externals:
+                variable = self.template.variable_of_handle.get(ext.tensor.name)
+                if ext.kind == VARIABLE and variable in self.trainable:
+                    for device in stage.stage.devices:
+                        self.copies.handle_for(variable, device)
+        graph_defs = graph_defs_lib.stage_graph_defs(self.graph, [st.ops for st in self.template.stages])
+        seeds = random.Random()  # for unseeded random ops of recomputed stages, like TF's own choice
+        for s, again in enumerate(self.recompute):
+            if again:
+                recompute_lib.check_repeatable(graph_defs[s], s)
+                graph_defs[s] = recompute_lib.with_fixed_seeds(graph_defs[s], seeds)
+        if self._sync_keys is not None:
+            self._synchronize_batch_norms(graph_defs)
+        self._graph_defs = graph_defs
+        if stage_function.use_functions(self._stage_functions, self.template.stages, self.num_micro_batches):
+            self._define_functions(graph_defs)
+        imported = self._imported_micro_batches(schedule)
+        micro_inputs = self._micro_batch_inputs()
+        n = self.template.global_batch_size
+        for m in range(self.num_micro_batches):
+            for s, stage in enumerate(self.template.stages):
+                sizes = self._sizes[s]
+                sync_base = self._sync_base(s)
+                for j, device in enumerate(stage.stage.devices):
+                    start = microbatch.offsets(sizes)[j]
+                    with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
+                        feed = {}
+                        with tf.name_scope(f"dapple/feed/stage{s}/mb{m}/r{j}"):
+                            for ext in stage.externals:
+                                feed[ext.tensor.name] = self._feed(ext, m, j, start, sizes[j], micro_inputs[m], device)
+                        wanted = _wanted(stage)
+                        clone_id = len(self.clones) + 1
+                        env = None
+                        if s in self._functions and (s, m) not in imported:
+                            with tf.name_scope(f"dapple/stage{s}/mb{m}/r{j}"):
+                                env = self._functions[s].forward(feed)
+                            by_name = self._functions[s].outputs(env)
+                        else:
+                            graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}", clone_id)
+                            input_map = dict(feed, **self._sync_feed(sync_base))
+                            results = tf.compat.v1.import_graph_def(
+                                graph_def, input_map=input_map, return_elements=wanted,
+                                name=f"dapple/stage{s}/mb{m}/r{j}"
+                            )
+                            by_name = dict(zip(wanted, results))
+                    clone = _Clone(inputs=feed, outputs={t.name: by_name[t.name] for t in stage.outputs}, salt=clone_id,
+                                   env=env)
+                    clone.extras = {t.name: by_name[t.name] for t in stage.extra_outputs}
+                    if stage.loss is not None:
+                        clone.loss = by_name[stage.loss.name]
+                        with tf.device(device):
+                            weight = tf.constant(sizes[j] / n, dtype=clone.loss.dtype)
+                            self.weighted_losses.append(clone.loss * weight)
+                    self.clones[(s, m, j)] = clone
+
+    def _imported_micro_batches(self, schedule: Schedule) -> set:
+        """(stage, micro-batch) imported per clone even where the stage is a function: a replicated stage's last
+        backward, whose gradients are all-reduced bucket by bucket as soon as each is ready (gradients.py); a
+        function call returns all its outputs at once, at its end."""
+        imported = set()
+        for s, stage in enumerate(self.template.stages):
+            backward = [t.micro_batch for t in schedule.stage_tasks[s] if t.kind == BACKWARD]
+            if s in self._functions and len(stage.stage.devices) > 1 and backward:
+                imported.add((s, backward[-1]))
+        return imported
+
+    def _define_functions(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
+        for s, stage in enumerate(self.template.stages):
+            reason = stage_function.unsupported_reason(graph_defs[s], self.recompute[s],
+                                                       self._keys_per_clone_group[s] > 0)
+            if reason is not None:
+                self.function_fallbacks[s] = reason
+                continue
+            signature = stage_function.StageSignature(
+                inputs=[ext.tensor for ext in stage.externals],
+                outputs=_wanted(stage),
+                differentiable_outputs=[t.name for t in stage.outputs if _differentiable(t)],
+                loss=stage.loss.name if stage.loss is not None else None,
+                differentiable_inputs=[e.tensor.name for e in self._differentiable_boundary(stage)],
+                weights=[e.tensor.name for e in self._trainable_externals(stage)],
+            )
+            try:
+                self._functions[s] = stage_function.StageFunctions(graph_defs[s].graph_def, signature,
+                                                                   f"dapple_stage{s}")
+            except (ValueError, TypeError) as e:  # a stage shape the cut does not handle: clones, with the reason
+                self.function_fallbacks[s] = f"it could not be built as functions: {e}"
+
+    def _synchronize_batch_norms(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
+        for s, stage in enumerate(self.template.stages):
+            devices = stage.stage.devices
+            if len(devices) > 1:
+                statistics = self._sync_statistics[s] if self._sync_statistics is not None else None
+                synced = sync_batch_norm.rewrite(graph_defs[s], s, devices, self._sync_keys.group_key(devices),
+                                                 collectives.communication_hint(devices), statistics)
+                graph_defs[s] = synced.stage
+                self._keys_per_clone_group[s] = synced.num_keys
+
+    def _sync_base(self, s: int):
+        """The first instance key of a new clone group of stage s (None when it synchronizes nothing)."""
+        count = self._keys_per_clone_group[s]
+        return self._sync_keys.instance_keys(count) if count else None
+
+    @staticmethod
+    def _sync_feed(base) -> Dict[str, tf.Tensor]:
+        return sync_batch_norm.instance_base_feed(base) if base is not None else {}
+
+    def _feed(self, ext, m, j, start, size, micro_inputs, device) -> tf.Tensor:
+        if ext.kind == INPUT:
+            return micro_inputs[ext.tensor.name][start : start + size]
+        if ext.kind == VARIABLE:
+            variable = self.template.variable_of_handle[ext.tensor.name]
+            if variable not in self.trainable:
+                return variable.handle  # read the user's own: nothing keeps a copy of it current
+            return self.copies.handle_for(variable, device)
+        if ext.kind == EXTERNAL:
+            return ext.tensor
+        p = ext.producer_stage
+        producers = [self.clones[(p, m, i)].outputs[ext.tensor.name] for i in range(len(self._sizes[p]))]
+        if not ext.batch_major:
+            received = producers[0]
+        else:
+            _check_batch_major(ext.tensor.name, p, producers, self._sizes[p])
+            received = microbatch.concat_rows(microbatch.gather_rows(producers, self._sizes[p], start, size))
+        # A tensor of this task's own, so that the gradient w.r.t. it covers only this clone's paths
+        # (not a path through another boundary tensor the same producer computed from it).
+        return tf.identity(received)
+
+    def extra_outputs(self) -> Dict[str, tf.Tensor]:
+        """model_fn's extra outputs, each combined over micro-batches and replicas (outputs.py)."""
+        return {extra.name: self.combined(extra) for extra in self.template.extras}
+
+    def combined(self, extra) -> tf.Tensor:
+        """One outputs.ExtraOutput's global-batch value, from the clones of its stage."""
+        s = extra.stage
+        sizes = self._sizes[s] if s >= 0 else ()
+        per_clone = {
+            (m, j): self.clones[(s, m, j)].extras[extra.tensor.name]
+            for m in range(self.num_micro_batches)
+            for j in range(len(sizes))
+        }
+        devices = self.template.stages[s].stage.devices if s >= 0 else ()
+        return outputs_lib.combine(extra, per_clone, sizes, self.num_micro_batches, devices, self.template.inputs)
+
+    # -- backward --------------------------------------------------------------------------
+    def build_backward(self, schedule: Schedule) -> None:
+        stages = self.template.stages
+        for s in reversed(range(len(stages))):
+            order = [t.micro_batch for t in schedule.stage_tasks[s] if t.kind == BACKWARD]
+            for m in order:
+                for j, device in enumerate(stages[s].stage.devices):
+                    with self.task_ops.capture(Task(s, BACKWARD, m), j), tf.device(device):
+                        self._backward_task(s, m, j, device)
+
+    def _recomputed(self, s: int, m: int, j: int) -> _Clone:
+        """The forward clone (s, m, j) imported again from its inputs, in the current task."""
+        stage, forward = self.template.stages[s], self.clones[(s, m, j)]
+        wanted = _wanted(stage, extras=False)
+        graph_def = graph_defs_lib.private_copy(self._graph_defs[s], f"_dapple_s{s}_m{m}_r{j}_rc", forward.salt)
+        if (s, m) not in self._recompute_sync_bases:  # one group of keys for the replicas of (s, m)
+            self._recompute_sync_bases[(s, m)] = self._sync_base(s)
+        feed, outputs = recompute_lib.recomputed_clone(
+            stage, graph_def, forward.inputs, wanted, name=f"dapple/stage{s}/mb{m}/r{j}/recompute",
+            extra_feed=self._sync_feed(self._recompute_sync_bases[(s, m)]),
+        )
+        loss = outputs.pop(stage.loss.name) if stage.loss is not None else None
+        return _Clone(inputs=feed, outputs=outputs, loss=loss, salt=forward.salt)
+
+    def _differentiable_boundary(self, stage) -> list:
+        return [e for e in stage.externals if e.kind == BOUNDARY and _differentiable(e.tensor)]
+
+    def _trainable_externals(self, stage) -> list:
+        return [e for e in stage.externals
+                if e.kind == VARIABLE and self.template.variable_of_handle[e.tensor.name] in self.trainable]
+
+    def _backward_task(self, s: int, m: int, j: int, device: str) -> None:
+        stage, clone = self.template.stages[s], self.clones[(s, m, j)]
+        output_grads = {name: self._gather_output_grad(s, m, j, name) for name in clone.outputs}
+        if not any(g is not None for g in output_grads.values()) and clone.loss is None:
+            return
+        boundary = self._differentiable_boundary(stage)
+        trainable = self._trainable_externals(stage)
+        loss_weight = self._sizes[s][j] / self.template.global_batch_size
+        summed = False
+        if clone.env is not None:
+            input_grads, weight_grads, summed = self._function_gradients(s, clone, output_grads, loss_weight,
+                                                                         trainable, device)
+        else:
+            input_grads, weight_grads = self._clone_gradients(s, m, j, clone, output_grads, loss_weight,
+                                                              boundary, trainable)
+        if input_grads is None:
+            return
+        sent, accumulated = [], []
+        for ext in boundary:
+            grad = input_grads.get(ext.tensor.name)
+            if grad is None:
+                grad = tf.zeros_like(clone.inputs[ext.tensor.name])
+            sent.append(tf.convert_to_tensor(grad))
+            self._send_input_grad(ext, s, m, j, sent[-1])
+        for ext in trainable:
+            grad = weight_grads.get(ext.tensor.name)
+            if grad is not None:
+                variable = self.template.variable_of_handle[ext.tensor.name]
+                if summed and not isinstance(grad, tf.IndexedSlices):
+                    self.accumulator.set_sum(variable, device, grad)
+                else:
+                    self.accumulator.add(variable, device, grad)
+                accumulated.extend([grad.values, grad.indices] if isinstance(grad, tf.IndexedSlices) else [grad])
+        self._gradient_split[(s, m, j)] = (sent, accumulated, device)
+
+    def _function_gradients(self, s: int, clone: _Clone, output_grads, loss_weight, trainable, device):
+        """A function stage's B and W calls (stage_function.py), W adding to the device's running sums once they
+        exist; an output no later stage sent a gradient for gets zeros."""
+        functions = self._functions[s]
+        grads = {name: output_grads[name] if output_grads[name] is not None else tf.zeros_like(clone.outputs[name])
+                 for name in functions.signature.differentiable_outputs}
+        weight = tf.constant(loss_weight, dtype=clone.loss.dtype) if clone.loss is not None else None
+        sums = {e.tensor.name: self.accumulator.running_sum(self.template.variable_of_handle[e.tensor.name], device)
+                for e in trainable}
+        return functions.backward(clone.env, grads, weight, {n: t for n, t in sums.items() if t is not None})
+
+    def _clone_gradients(self, s, m, j, clone, output_grads, loss_weight, boundary, trainable):
+        """`tf.gradients` of an imported clone (or of its recomputed twin): ({input name: gradient},
+        {handle name: gradient}), or (None, None) when there is nothing to differentiate."""
+        if self.recompute[s]:
+            clone = self._recomputed(s, m, j)
+        ys, grad_ys = [], []
+        for name, out in clone.outputs.items():
+            if output_grads[name] is not None:
+                ys.append(out)
+                grad_ys.append(output_grads[name])
+        if clone.loss is not None:
+            ys.append(clone.loss)
+            grad_ys.append(tf.constant(loss_weight, dtype=clone.loss.dtype))
+        xs = [clone.inputs[e.tensor.name] for e in boundary] + [clone.inputs[e.tensor.name] for e in trainable]
+        if not ys or not xs:
+            return None, None
+        # A stage whose input gradients an earlier stage waits for computes them first (tasks.input_gradients_first).
+        # The first stage gates its gradients instead (as Optimizer.minimize's default GATE_OP): an op's gradients
+        # all complete before any is used, so each layer's weight gradient is ready before the backward moves to
+        # earlier layers, and a gradient bucket can be all-reduced while they run (gradients.py).
+        grads = tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys, colocate_gradients_with_ops=True,
+                                       gate_gradients=not boundary)
+        names = [e.tensor.name for e in boundary] + [e.tensor.name for e in trainable]
+        by_name = dict(zip(names, grads))
+        return ({e.tensor.name: by_name[e.tensor.name] for e in boundary},
+                {e.tensor.name: by_name[e.tensor.name] for e in trainable})
+
+    def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> None:
+        """Cuts the gradient of consumer replica j's input into pieces for the producer replicas."""
+        p = ext.producer_stage
+        if not ext.batch_major:
+            self._broadcast_outputs.add((p, ext.tensor.name))
+            self._grad_pieces.setdefault((p, m, 0, ext.tensor.name), {}).setdefault(s, []).append((0, grad))
+            return
+        sizes = self._sizes[s]
+        start = microbatch.offsets(sizes)[j]
+        producer_offsets = microbatch.offsets(self._sizes[p])
+        for i, row, count in microbatch.overlapping_blocks(self._sizes[p], start, sizes[j]):
+            piece = grad if count == sizes[j] else grad[row : row + count]
+            first_row = start + row - producer_offsets[i]
+            self._grad_pieces.setdefault((p, m, i, ext.tensor.name), {}).setdefault(s, []).append((first_row, piece))
+
+    def _gather_output_grad(self, s: int, m: int, j: int, name: str):
+        per_consumer = self._grad_pieces.get((s, m, j, name))
+        if not per_consumer:
+            return None
+        sums = []
+        for consumer in sorted(per_consumer):
+            pieces = sorted(per_consumer[consumer], key=lambda x: x[0])
+            if (s, name) in self._broadcast_outputs:  # every consumer replica's gradient of the whole tensor
+                sums.append(tf.add_n([g for _, g in pieces]))
+            else:
+                sums.append(microbatch.concat_rows([g for _, g in pieces]))
+        return sums[0] if len(sums) == 1 else tf.add_n(sums)
+
+    # -- schedule --------------------------------------------------------------------------
+    def chain(self, schedule: Schedule) -> None:
+        self.task_ops.release_forward_inputs()
+        if schedule.splits_backward:  # B and W are tasks of their own (zero bubble)
+            for key in [key for key in self.task_ops.ops if key[0].kind == BACKWARD]:
+                input_grads = self._gradient_split.get((key[0].stage, key[0].micro_batch, key[1]), ((),))[0]
+                self.task_ops.split_weight_task(key, input_grads)
+        else:
+            for (s, m, j), (input_grads, weight_grads, device) in self._gradient_split.items():
+                self.task_ops.input_gradients_first((Task(s, BACKWARD, m), j), input_grads, weight_grads, device)
+        for s, stage in enumerate(self.template.stages):
+            for j, device in enumerate(stage.stage.devices):
+                tasks.chain(self.task_ops, schedule.stage_tasks[s], j, device)
+
+    def task_op_names(self, input_gradients: bool = False) -> Dict[Tuple[str, Task, int], Tuple[str, ...]]:
+        """(device, task, replica) -> names of the task's operations (or, with input_gradients, of those its
+        input gradients need: backward tasks split into B and W only)."""
+        devices = {(st.stage.index, j): d for st in self.template.stages for j, d in enumerate(st.stage.devices)}
+        names = self.task_ops.names(self.task_ops.input_gradient_ops if input_gradients else None)
+        return {(devices[(task.stage, replica)], task, replica): n for (task, replica), n in names.items()}

@@ -1,0 +1,248 @@
+"""The template: the user's model built once, on inputs of unknown batch size, cut into stages.
+
+model_fn is called on placeholders shaped like the global batch but with an unknown leading
+dimension (`template_inputs`), so that nothing in the template (shapes inside tf.cond/while
+bodies included) is specialised to one batch size: its clones run on any slice.
+
+`analyze` finds, from the loss backwards, the operations each stage must run per micro-batch,
+and classifies every tensor a stage consumes from outside itself:
+- INPUT: a global-batch input (features/labels), sliced per micro-batch and replica;
+- BOUNDARY: produced by an earlier stage (batch-major: split/concat; otherwise broadcast);
+- VARIABLE: a resource variable handle, mapped to the variable copy on the replica's device;
+- EXTERNAL: anything else that does not depend on the inputs (a constant built outside the
+  layers), used as it is.
+Nothing here runs the graph.
+"""
+
+import dataclasses
+from typing import Dict, List, Mapping, Sequence, Set
+
+import tensorflow as tf
+
+from dapple_tf.rewrite import outputs as outputs_lib
+from dapple_tf.errors import DappleError, LayerMarkerError
+from dapple_tf.model.layers import LayerRecord
+from dapple_tf.plan import ResolvedStage
+
+INPUT, BOUNDARY, VARIABLE, EXTERNAL = "input", "boundary", "variable", "external"
+_VARIABLE_OPS = ("VarHandleOp",)
+_REF_VARIABLE_OPS = ("VariableV2", "Variable")
+
+
+@dataclasses.dataclass
+class ExternalTensor:
+    """A tensor a stage consumes from outside its own operations."""
+
+    tensor: tf.Tensor
+    kind: str
+    producer_stage: int = -1  # BOUNDARY: the stage that computes it
+    batch_major: bool = True  # BOUNDARY/INPUT: first dimension is the batch
+
+
+@dataclasses.dataclass
+class StageTemplate:
+    """What one stage runs per micro-batch, in the template graph."""
+
+    stage: ResolvedStage
+    ops: List[tf.Operation]  # in creation order
+    externals: List[ExternalTensor]
+    outputs: List[tf.Tensor]  # tensors later stages consume
+    loss: tf.Tensor = None  # set on the stage that computes the loss
+    extra_outputs: List[tf.Tensor] = dataclasses.field(default_factory=list)  # model_fn's extra outputs here
+
+
+@dataclasses.dataclass
+class Template:
+    stages: List[StageTemplate]
+    inputs: Dict[str, tf.Tensor]  # template placeholder name -> the global-batch tensor it stands for
+    global_batch_size: int
+    variable_of_handle: Dict[str, tf.Variable]  # handle tensor name -> variable
+    extras: List[outputs_lib.ExtraOutput] = dataclasses.field(default_factory=list)
+
+
+def _op_set_reachable_from(starts: Sequence[tf.Operation]) -> Set[tf.Operation]:
+    seen, stack = set(), list(starts)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        for out in op.outputs:
+            stack.extend(out.consumers())
+    return seen
+
+
+def _is_shared_resource(op: tf.Operation, batch_dependent) -> bool:
+    """An op creating a resource (a lookup table, ...) the stages share rather than clone."""
+    return op not in batch_dependent and any(t.dtype == tf.resource for t in op.outputs)
+
+
+def _global_batch_size(inputs: Sequence[tf.Tensor]) -> int:
+    sizes = set()
+    for t in inputs:
+        if t.shape.rank is None or t.shape[0] is None:
+            raise DappleError(
+                f"input {t.name} has shape {t.shape}; features and labels need a static leading batch dimension"
+            )
+        sizes.add(int(t.shape[0]))
+    if len(sizes) != 1:
+        raise DappleError(f"features and labels disagree on the global batch size: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def template_inputs(real_inputs: Sequence[tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """Placeholders like the batched `real_inputs` (rank >= 1) with an unknown batch dimension.
+
+    Returns placeholder name -> real tensor; scalars are not batched and get no placeholder.
+    """
+    batched = [t for t in real_inputs if t.shape.rank != 0]
+    if not batched:
+        raise DappleError("features and labels hold no batched tensor (all are scalars)")
+    _global_batch_size(batched)
+    placeholders = {}
+    with tf.name_scope("dapple/template_inputs"):
+        for t in batched:
+            p = tf.compat.v1.placeholder(t.dtype, [None] + t.shape.as_list()[1:], name=t.op.name.replace("/", "_"))
+            placeholders[p.name] = t
+    return placeholders
+
+
+def analyze(
+    loss: tf.Tensor,
+    inputs: Dict[str, tf.Tensor],
+    layers: Sequence[LayerRecord],
+    stages: Sequence[ResolvedStage],
+    variables: Sequence[tf.Variable],
+    extras: Mapping[str, tf.Tensor] = None,
+) -> Template:
+    """Cuts the template graph that computes `loss` (and the `extras` outputs) from the placeholders
+    into `stages`.
+
+    `inputs` maps each template placeholder's name to the global-batch tensor it stands for.
+    Operations only the extra outputs need may lie outside the layers: they join the stage that
+    pulls them (the stage of the output's layer, else the last stage).
+    """
+    if loss.shape.rank != 0:
+        raise DappleError(f"the model must return a scalar loss (a mean over the batch), got {loss.name} {loss.shape}")
+    batch = _global_batch_size(list(inputs.values()))
+    graph = loss.graph
+    stage_of_layer = {}
+    for stage in stages:
+        for index in range(stage.first_layer, stage.last_layer + 1):
+            stage_of_layer[index] = stage.index
+    layer_of_op = {op: record.index for record in layers for op in record.ops}
+    input_ops = {graph.get_tensor_by_name(name).op for name in inputs}
+    input_names = set(inputs)
+    batch_dependent = _op_set_reachable_from(list(input_ops))
+    handle_names = {v.handle.name: v for v in variables if hasattr(v, "handle")}
+
+    if loss.op not in layer_of_op:
+        raise LayerMarkerError(f"the loss {loss.name} is computed outside any dapple_tf.layer; compute it in the last layer")
+    if layer_of_op[loss.op] != len(layers) - 1:
+        raise LayerMarkerError(
+            f"the loss must be computed in the last layer {layers[-1].name!r}; it comes from layer "
+            f"{layers[layer_of_op[loss.op]].name!r}"
+        )
+
+    # Walk back from the loss (data and control inputs): every op the loss needs, stopping at
+    # inputs, variables, shared resources (lookup tables) and input-independent ops outside the
+    # layers. Ops outside the layers that read variables are cloned into each stage using them,
+    # so that every replica reads its own variable copy.
+    reads_variables = _op_set_reachable_from([op for op in graph.get_operations() if op.type in _VARIABLE_OPS])
+    stage_ops: List[Set[tf.Operation]] = [set() for _ in stages]
+    extra_outputs = [
+        outputs_lib.classify(name, t, input_names, batch_dependent) for name, t in (extras or {}).items()
+    ]
+    pulled = [e for e in extra_outputs if e.kind in (outputs_lib.BATCH, outputs_lib.MEAN)]
+    for extra in pulled:
+        extra.stage = stage_of_layer[layer_of_op[extra.tensor.op]] if extra.tensor.op in layer_of_op else len(stages) - 1
+    # The loss's walk comes first (on top of the stack): ops outside the layers on its path are errors.
+    stack = [(e.tensor.op, e.stage, True) for e in pulled] + [(loss.op, len(stages) - 1, False)]
+    while stack:
+        op, pulling_stage, for_extra = stack.pop()
+        if op.type in _REF_VARIABLE_OPS:
+            raise DappleError(
+                f"{op.name} is a reference variable; dapple_tf needs resource variables "
+                "(call tf.compat.v1.enable_resource_variables() before building the model)"
+            )
+        if op in input_ops or op.type in _VARIABLE_OPS or _is_shared_resource(op, batch_dependent):
+            continue
+        if op in layer_of_op:
+            s = stage_of_layer[layer_of_op[op]]
+        elif op in batch_dependent and for_extra:
+            s = pulling_stage
+        elif op in batch_dependent:
+            raise LayerMarkerError(
+                f"operation {op.name} ({op.type}) computes from the model inputs outside any dapple_tf.layer "
+                "marker; put it inside a layer"
+            )
+        elif op in reads_variables:
+            s = pulling_stage
+        else:
+            continue  # EXTERNAL: depends on neither the inputs nor a variable
+        if op in stage_ops[s]:
+            continue
+        stage_ops[s].add(op)
+        stack.extend((t.op, s, for_extra) for t in op.inputs)
+        stack.extend((c, s, for_extra) for c in op.control_inputs)
+
+    stage_of_op = {op: s for s, ops in enumerate(stage_ops) for op in ops if op in layer_of_op}
+    for s, ops in enumerate(stage_ops):
+        for op in ops:
+            for c in op.control_inputs:
+                if c not in ops and c in stage_of_op:
+                    raise DappleError(
+                        f"{op.name} (stage {s}) has a control dependency on {c.name} (stage {stage_of_op[c]}); "
+                        "control dependencies cannot cross stage boundaries"
+                    )
+    templates = []
+    outputs_of_stage: List[Dict[str, tf.Tensor]] = [dict() for _ in stages]
+    for s, stage in enumerate(stages):
+        if not stage_ops[s]:
+            raise DappleError(
+                f"stage {s} (layers {stage.layer_names[0]!r}..{stage.layer_names[-1]!r}) computes nothing the loss "
+                "depends on"
+            )
+        ordered = sorted(stage_ops[s], key=lambda op: op._id)  # creation order
+        externals: Dict[str, ExternalTensor] = {}
+        for op in ordered:
+            for t in op.inputs:
+                if t.op in stage_ops[s] or t.name in externals:
+                    continue
+                if t.name in input_names:
+                    externals[t.name] = ExternalTensor(t, INPUT)
+                elif t.op.type in _VARIABLE_OPS:
+                    if t.name not in handle_names:
+                        raise DappleError(f"{op.name} reads {t.op.name}, which is not a variable of this graph")
+                    externals[t.name] = ExternalTensor(t, VARIABLE)
+                elif t.op in stage_of_op:
+                    producer = stage_of_op[t.op]
+                    if producer > s:
+                        raise LayerMarkerError(
+                            f"{op.name} in stage {s} consumes {t.name} from the later stage {producer}; "
+                            "layers must be marked in the order they compute"
+                        )
+                    major = t.op in batch_dependent
+                    if major and t.shape.rank is not None and (t.shape.rank == 0 or t.shape[0] is not None):
+                        raise DappleError(
+                            f"{t.name} (shape {t.shape}) crosses from stage {producer} to stage {s} and depends on the "
+                            "batch, but its first dimension is not the batch (a statistic over the batch, or a "
+                            "hard-coded batch size); micro-batches cannot be split there: move the stage boundary"
+                        )
+                    externals[t.name] = ExternalTensor(t, BOUNDARY, producer_stage=producer, batch_major=major)
+                    outputs_of_stage[producer][t.name] = t
+                else:
+                    externals[t.name] = ExternalTensor(t, EXTERNAL, batch_major=False)
+        templates.append(StageTemplate(stage=stage, ops=ordered, externals=list(externals.values()), outputs=[]))
+    for s, template in enumerate(templates):
+        template.outputs = list(outputs_of_stage[s].values())
+    templates[-1].loss = loss
+    for extra in pulled:
+        templates[extra.stage].extra_outputs.append(extra.tensor)
+    return Template(
+        stages=templates,
+        inputs=dict(inputs),
+        global_batch_size=batch,
+        variable_of_handle=handle_names,
+        extras=extra_outputs,
+    )

@@ -1,0 +1,3 @@
+"""The measured timeline of a step: RunMetadata step stats in the simulator's terms, and a hook that
+writes it.
+"""

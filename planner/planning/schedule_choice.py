@@ -1,0 +1,51 @@
+"""Which schedule a plan runs: its stages simulated under every pipeline schedule that keeps 1F1B's
+structure (DAPPLE's early backward and the zero-bubble variants), the fastest that fits in memory chosen.
+
+The planner's search (dapple_planner.py) costs candidates with the paper's analytic latency, which
+knows DAPPLE's schedule only; the schedule is then chosen for the plan it picked, by the simulator
+(planner/simulation/simulator.py), which plays each schedule with the same stage costs (with select="simulation",
+for each of the search's best candidates: planner/planning/api.py, choose_by_simulation). Every schedule weighed
+is recorded in the plan (`Plan.schedule_estimates`), so `dapple_plan` shows the gain of each.
+"""
+
+from typing import Sequence
+
+from planner.formats.schedule import schedule_enum, schedule_kind
+from planner.formats import plan_pb2
+
+CANDIDATES = ("dapple", "zb-h1", "zb-h2")
+
+
+def weigh_schedules(plan: plan_pb2.Plan, model, kinds: Sequence[str] = CANDIDATES, choose: bool = True,
+                    **simulate_options) -> plan_pb2.Plan:
+    """Fills `plan.schedule_estimates` with each kind simulated; with `choose`, sets `plan.schedule` (and its
+    simulated_iteration_ms) to the fastest that fits. Returns the plan (changed in place)."""
+    from planner.simulation.sim_adapter import simulate_plan  # pylint: disable=import-outside-toplevel
+
+    del plan.schedule_estimates[:]
+    capacity = plan.cluster.device_memory_bytes
+    for kind in kinds:
+        result = simulate_plan(plan, model, schedule=kind, **simulate_options)
+        peak = max(result.peak_memory_bytes.values(), default=0.0)
+        plan.schedule_estimates.add(schedule=schedule_enum(kind), simulated_iteration_ms=result.iteration_ms,
+                                    peak_memory_bytes=peak, fits=not capacity or peak <= capacity)
+    fitting = [e for e in plan.schedule_estimates if e.fits]
+    if choose and fitting:
+        best = min(fitting, key=lambda e: e.simulated_iteration_ms)
+        plan.schedule = best.schedule
+        plan.simulated_iteration_ms = best.simulated_iteration_ms  # the stages' K_i stay DAPPLE's: zb-h1's bounds
+    return plan
+
+
+def describe(plan: plan_pb2.Plan) -> str:
+    """One line per weighed schedule: simulated time, its ratio to DAPPLE's, peak memory, fits."""
+    estimates = list(plan.schedule_estimates)
+    base = next((e.simulated_iteration_ms for e in estimates if schedule_kind(e.schedule) == "dapple"), None)
+    lines = []
+    for e in estimates:
+        ratio = f" ({e.simulated_iteration_ms / base:.2f}x dapple)" if base else ""
+        chosen = "  <- chosen" if e.schedule == plan.schedule else ""
+        fits = "" if e.fits else ", does not fit"
+        lines.append(f"  {schedule_kind(e.schedule):7s} {e.simulated_iteration_ms:9.2f} ms{ratio}, peak "
+                     f"{e.peak_memory_bytes / 2**30:.2f} GiB{fits}{chosen}")
+    return "\n".join(lines)

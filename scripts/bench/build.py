@@ -1,0 +1,149 @@
+"""Scale of the rewrite (issue 23): graph size and time to the first step against M, beside plain TF.
+
+    python -m scripts.bench.build                                  # BERT-24 (hidden 64), 4 stages, M 1,4,16,64
+    python -m scripts.bench.build --micro_batches=1,4 --json=build.json
+
+In one process with --num_stages virtual CPU devices, for plain single-device TF (the same model_fn,
+`optimizer.minimize`) and for a straight --num_stages-stage pipeline at every M, it measures the
+operations in the graph, the build time (model_fn or build_pipeline), the initializer, the first step
+(TF's graph optimization included) and the steady step (median of --steps after the first), and
+prints them side by side with the time to the first step (build + initializer + first step) over
+plain TF's and the operations each extra micro-batch adds, as a share of the plain graph's.
+`--rewrites=functions,clones` measures both of build_pipeline's rewrites (stage_functions True, the default, and
+False). `--json` writes rows with the keys M (null for plain TF), plan ("single" for plain TF, "straight4-M16",
+"straight4-M16-clones", ...), rewrite, ops, build_s, init_s, first_step_s, step_s.
+"""
+
+import statistics
+import time
+
+from absl import flags
+
+from scripts.cli import run_main, split_cpu, write_rows
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", "bert", "Reference model.")
+flags.DEFINE_string("config", "tiny", "Reference model config.")
+flags.DEFINE_string("model_flags", "num_layers=24,hidden=64,heads=2,ffn=128", "Model overrides key=value,...")
+flags.DEFINE_integer("global_batch_size", 64, "Samples per step.")
+flags.DEFINE_integer("num_stages", 4, "Stages of the straight pipeline (one virtual CPU device each).")
+flags.DEFINE_list("micro_batches", ["1", "4", "16", "64"], "M values to measure.")
+flags.DEFINE_enum("optimizer", "adam", ["sgd", "adam"], "Optimizer.")
+flags.DEFINE_integer("steps", 5, "Steady steps timed after the first (median kept).")
+flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
+flags.DEFINE_list("rewrites", ["functions"], "Rewrites to measure: functions (each stage defined once, the default of "
+                  "build_pipeline) and/or clones (each stage imported per micro-batch, stage_functions=False).")
+
+
+def _optimizer(tf):
+    return tf.compat.v1.train.AdamOptimizer(1e-3) if FLAGS.optimizer == "adam" else \
+        tf.compat.v1.train.GradientDescentOptimizer(0.01)
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def _run(tf, graph, init, train_op, config):
+    """(init s, first step s, median steady step s) of a built graph."""
+    with tf.compat.v1.Session(graph=graph, config=config) as sess:
+        _, init_s = _timed(lambda: sess.run(init))
+        _, first_s = _timed(lambda: sess.run(train_op))
+        steady = [_timed(lambda: sess.run(train_op))[1] for _ in range(max(1, FLAGS.steps))]
+    return init_s, first_s, statistics.median(steady)
+
+
+def measure(tf, spec, micro_batches, config, rewrite="functions"):
+    """One row: plain TF when micro_batches is None, else the straight pipeline at that M."""
+    import dapple_tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        features, labels = spec.step_input_fn(FLAGS.global_batch_size)(tf.constant(0, tf.int64))
+
+        def build():
+            if micro_batches is None:
+                op = _optimizer(tf).minimize(spec.model_fn(features, labels))
+                return op, tf.compat.v1.global_variables_initializer()
+            names = _layer_names(tf, spec)
+            per = -(-len(names) // FLAGS.num_stages)
+            stages = [(names[i], names[min(i + per, len(names)) - 1], [f"/device:CPU:{s}"])
+                      for s, i in enumerate(range(0, len(names), per))]
+            plan = dapple_tf.Plan.from_stages(stages, micro_batches)
+            handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, _optimizer(tf), plan,
+                                              stage_functions=rewrite == "functions")
+            for stage, reason in sorted(handle.function_fallbacks.items()):
+                print(f"  stage {stage} is imported per micro-batch: {reason}")
+            return handle.train_op, handle.initializer
+
+        (train_op, init), build_s = _timed(build)
+        ops = len(graph.get_operations())
+    init_s, first_s, step_s = _run(tf, graph, init, train_op, config)
+    plan = "single" if micro_batches is None else f"straight{FLAGS.num_stages}-M{micro_batches}"
+    if micro_batches is not None and rewrite != "functions":
+        plan += f"-{rewrite}"
+    return {"M": micro_batches, "plan": plan, "rewrite": rewrite if micro_batches is not None else None, "ops": ops, "build_s": build_s, "init_s": init_s,
+            "first_step_s": first_s, "step_s": step_s}
+
+
+def _layer_names(tf, spec):
+    """The model's layer names in order (dapple_tf.layer markers), from building it once aside."""
+    from dapple_tf.model.layers import LayerRecorder
+
+    with tf.Graph().as_default() as graph:
+        features, labels = spec.placeholders(FLAGS.global_batch_size)
+        recorder = LayerRecorder(graph)
+        with recorder.activate():
+            spec.model_fn(features, labels)
+    return list(recorder.names)
+
+
+def _print_row(row, plain, base):
+    """One table row; base: the row of the first M measured with the same rewrite (for ops per extra M)."""
+    total = row["build_s"] + row["init_s"] + row["first_step_s"]
+    ratio = total / (plain["build_s"] + plain["init_s"] + plain["first_step_s"])
+    extra = ""
+    if base is not None and row["M"] != base["M"]:
+        extra = f"{(row['ops'] - base['ops']) / (row['M'] - base['M']) / plain['ops']:.1%}"
+    print(f"{row['plan']:22s} {row['ops']:8d} {row['build_s']:8.1f} {row['init_s']:7.1f} "
+          f"{row['first_step_s']:10.1f} {row['step_s']:7.3f} {ratio:20.1f} {extra:>16s}", flush=True)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    split_cpu(FLAGS.num_stages)
+    import tensorflow as tf
+
+    import models
+
+    spec = models.get_model(FLAGS.model, FLAGS.config, **models.parse_model_flags(FLAGS.model_flags))
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": FLAGS.num_stages})
+    print(f"{FLAGS.model} ({FLAGS.model_flags}), global batch {FLAGS.global_batch_size}, {FLAGS.optimizer}, "
+          f"{FLAGS.num_stages} virtual CPU devices")
+    print(f"{'plan (single: plain TF)':22s} {'ops':>8s} {'build s':>8s} {'init s':>7s} {'1st step s':>10s} {'step s':>7s} "
+          f"{'to 1st step / plain':>20s} {'ops per extra M':>16s}")
+    unknown = set(FLAGS.rewrites) - {"functions", "clones"}
+    if unknown:
+        raise ValueError(f"--rewrites takes functions and/or clones, got {sorted(unknown)}")
+    plain = measure(tf, spec, None, config)
+    rows = [plain]
+    _print_row(plain, plain, None)
+    for rewrite in FLAGS.rewrites:
+        base = None
+        for m in [int(m) for m in FLAGS.micro_batches]:
+            rows.append(measure(tf, spec, m, config, rewrite))
+            _print_row(rows[-1], plain, base)
+            base = base or rows[-1]
+    write_rows(FLAGS.json, rows)
+    return 0
+
+
+def run():
+    run_main(main)
+
+
+if __name__ == "__main__":
+    run()

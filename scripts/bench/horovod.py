@@ -1,0 +1,134 @@
+"""Horovod backend vs a local gRPC cluster vs one process: samples/s on the same model and devices.
+
+The same MLP (4 x --hidden, then a head) and global batch, 2 stages x 2 replicas on 4 virtual CPU
+devices in all, M=4, median step time after 3 warm-up steps:
+- one process with 4 virtual devices (stage 0 on CPU:0,1; stage 1 on CPU:2,3);
+- horovodrun -np 2 --gloo: each process 2 virtual devices (stage 0 on CPU:0, stage 1 on CPU:1) on half
+  the batch, gradients averaged by Horovod (dapple_tf.frontends.horovod);
+- dapple_launch --cluster=local:2x2: one client, stage 0 on (task 0, task 1) CPU:0, stage 1 on CPU:1.
+All processes share this machine's cores: the differences are runtime overheads, not bandwidth.
+
+    python -m scripts.bench.horovod                 # the table
+    python -m scripts.bench.horovod --hidden=512 --steps=30
+"""
+
+import os
+import subprocess
+import sys
+
+from absl import flags
+
+from scripts.cli import run_main, split_cpu
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("hidden", 256, "Width of the MLP's 4 hidden layers.")
+flags.DEFINE_integer("global_batch_size", 96, "Samples per step, all processes together.")
+flags.DEFINE_integer("steps", 20, "Timed steps (after 3 warm-up steps); the median is kept.")
+flags.DEFINE_enum("role", None, ["single", "horovod", "grpc"], "Internal: run one measurement.")
+
+M = 4
+STAGES = [(0, 1), (2, 4)]  # MLP layers dense_0..dense_3, head
+
+
+def _virtual_cpus(n):
+    import tensorflow as tf
+
+    split_cpu(n)
+    return tf.compat.v1.ConfigProto(device_count={"CPU": n})
+
+
+def measure(role):
+    """Median step seconds of this role (rank 0 / the chief reports)."""
+    import tensorflow as tf
+
+    import dapple_tf
+    import models
+    from profiler.timing import median_run_ms
+
+    spec = models.get_model("mlp", "tiny", hidden=[FLAGS.hidden] * 4)
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.01)
+    after_init = []
+    with tf.Graph().as_default():
+        features, labels = spec.step_input_fn(FLAGS.global_batch_size)(tf.constant(0, tf.int64))
+        target = ""
+        if role == "single":
+            config = _virtual_cpus(4)
+            plan = dapple_tf.Plan.from_stages([(a, b, [f"/device:CPU:{2 * i}", f"/device:CPU:{2 * i + 1}"])
+                                               for i, (a, b) in enumerate(STAGES)], M)
+            handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, plan)
+        elif role == "grpc":
+            from dapple_tf.cluster.servers import TFCluster, session_config, wait_for_workers
+
+            cluster = TFCluster.from_tf_config()
+            wait_for_workers(cluster, 120)
+            config, target = session_config(120), cluster.target
+            plan = dapple_tf.Plan.from_stages([(a, b, [cluster.device(t, "CPU", i) for t in range(2)])
+                                               for i, (a, b) in enumerate(STAGES)], M)
+            handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, plan)
+        else:
+            config = _virtual_cpus(2)
+            import horovod.tensorflow as hvd
+
+            from dapple_tf.frontends.horovod import HorovodPipeline
+            from planner.formats import cluster as clusters
+            from planner.planning.horovod_plan import per_process_plan
+            from planner.formats import plan_pb2
+
+            hvd.init()
+            proto = plan_pb2.Plan(cluster=clusters.local_cluster(2), num_micro_batches=M)
+            for i, (a, b) in enumerate(STAGES):
+                proto.stages.add(first_layer=a, last_layer=b, device_ids=[i])
+            pipeline = HorovodPipeline(per_process_plan(proto, hvd.size()))
+            local_features, local_labels = pipeline.local_slice((features, labels))
+            handle = pipeline.build(spec.model_fn, local_features, local_labels, optimizer)
+            after_init = [hvd.broadcast_global_variables(0), handle.broadcast_op]  # rank 0's weights, then copies
+        with tf.compat.v1.Session(target, config=config) as sess:
+            sess.run(handle.initializer)
+            for op in after_init:
+                sess.run(op)
+            return median_run_ms(sess, handle.train_op, warmup=3, runs=FLAGS.steps) / 1e3
+
+
+def _run(command):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in out.stdout.splitlines():
+        if "STEP_S " in line:
+            return float(line.split("STEP_S ")[1])
+    raise RuntimeError(f"{' '.join(command[:6])} ... failed:\n{out.stdout[-3000:]}")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.role:
+        step_s = measure(FLAGS.role)
+        if FLAGS.role != "horovod" or os.environ.get("HOROVOD_RANK", "0") == "0":
+            print(f"STEP_S {step_s}", flush=True)
+        return 0
+    me = [sys.executable, "-m", "scripts.bench.horovod", f"--hidden={FLAGS.hidden}",
+          f"--global_batch_size={FLAGS.global_batch_size}", f"--steps={FLAGS.steps}"]
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    runs = {
+        "one process, 4 devices": me + ["--role=single"],
+        "horovodrun -np 2 x 2 devices": [horovodrun, "-np", "2", "--gloo", "-H", "localhost:2"] + me + ["--role=horovod"],
+        "gRPC local:2x2": [sys.executable, "-m", "scripts.dapple_launch", "--cluster=local:2x2", "--"] + me
+        + ["--role=grpc"],
+    }
+    batch = FLAGS.global_batch_size
+    print(f"MLP 4 x {FLAGS.hidden}, global batch {batch}, 2 stages x 2 replicas, M={M}; median of {FLAGS.steps} steps")
+    print(f"{'runtime':30s} {'samples/s':>10s} {'vs one process':>15s}")
+    base = None
+    for name, command in runs.items():
+        step_s = _run(command)
+        base = base or step_s
+        print(f"{name:30s} {batch / step_s:10.0f} {base / step_s:15.2f}", flush=True)
+    return 0
+
+
+def run():
+    run_main(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,130 @@
+"""Speedup over one device, measured on separate pinned workers, beside the simulator's prediction.
+
+    python -m scripts.bench.speedup                            # MLP 8 x 1024, batch 1024, 2+ workers
+    python -m scripts.bench.speedup --model=bert --global_batch_size=64 --json=rows.json --trace_dir=t
+
+It starts N worker processes through dapple_launch's local cluster (each pinned to its own
+`--cores_per_worker` cores, thread pools sized for them, one device each) and runs itself as the
+chief. The chief
+1. profiles the model on one pinned core set (dapple_profile in a pinned process, at every
+   micro-batch slice size the plans use: compute per sample is not the same at every size),
+2. measures the link between two workers and the runtime's AllReduce across all of them
+   (dapple_tf.cluster.link_probe: latency and bandwidth through gRPC) and describes the cluster to the
+   planner with them,
+3. measures every plan (scripts/bench/speedup_plans.py): the single worker (baseline), data parallel on N,
+   straight pipelines of 2..N stages for every M in DAPPLE and GPipe order, and the plan the planner
+   chooses from the profiles (planner.planning.api.plan_from_profiles: DAPPLE's or a baseline's);
+   for each it prints samples/s, speedup over the single worker, the ideal speedup, the simulated
+   step time from the profile, measured / simulated, and the peak memory of every worker.
+`--json` writes the rows; `--trace_dir` writes each plan's measured timeline (Chrome trace) and a
+PNG with the measured timeline above the simulated one. Every process it starts is stopped when it
+ends (dapple_launch's teardown), also when a worker dies (the launcher names it).
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import flags
+
+from scripts.cli import run_main
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", "mlp", "Reference model (mlp, bert, vgg19, ...).")
+flags.DEFINE_string("config", None, "Reference model config (default: the model's bench config below).")
+flags.DEFINE_string("model_flags", None, "Model overrides key=value,... (default for mlp: 8 layers of 1024, "
+                    "input 1024; bert: 8 layers, hidden 128, seq 64).")
+flags.DEFINE_integer("global_batch_size", None, "Samples per step (default: mlp 1024, others 64).")
+flags.DEFINE_integer("num_workers", None, "Worker processes (default: this machine's cores / --cores_per_worker, "
+                     "at least 2).")
+flags.DEFINE_integer("cores_per_worker", 1, "Cores each worker is pinned to.")
+flags.DEFINE_integer("intra_op_threads", None, "Workers' intra-op threads (default: dapple_launch's).")
+flags.DEFINE_integer("inter_op_threads", None, "Workers' inter-op threads (default: dapple_launch's).")
+flags.DEFINE_list("micro_batches", ["1", "2", "4", "8", "16"], "M of the straight pipelines.")
+flags.DEFINE_list("plans", None, "Only these plans, e.g. single,dp2,straight2-M8,gpipe2-M8,planner (default: all).")
+flags.DEFINE_boolean("gpipe", True, "Also measure every pipeline in GPipe order.")
+flags.DEFINE_boolean("zero_bubble", True, "Also measure every pipeline in the zero-bubble orders (zb-h1, zb-h2).")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer.")
+flags.DEFINE_enum("stage_functions", "auto", ["auto", "true", "false"],
+                  "build_pipeline's stage_functions: auto (its default), true (each stage built once as functions) "
+                  "or false (each stage imported per micro-batch).")
+flags.DEFINE_float("allreduce_bucket_mb", None, "Gradient AllReduce bucket size (default: build_pipeline's).")
+flags.DEFINE_integer("steps", 10, "Timed steps per plan (after 3 warm-up steps); the median is kept.")
+flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
+flags.DEFINE_string("trace_dir", None, "Write each plan's measured timeline (Chrome trace) and measured-vs-"
+                    "simulated PNG here.")
+flags.DEFINE_string("profile_dir", None, "Keep the profiles here (default: a temporary folder).")
+flags.DEFINE_boolean("as_chief", False, "Internal: run as the chief under dapple_launch.")
+
+DEFAULTS = {  # model -> (config, model_flags, global batch)
+    "mlp": ("tiny", "input_dim=1024,hidden=" + ":".join(["1024"] * 8) + ",num_classes=10", 1024),
+    "bert": ("tiny", "num_layers=8,hidden=128,heads=2,ffn=512,seq_len=64,max_positions=64,vocab_size=1000", 64),
+}
+
+
+def model_args():
+    config, model_flags, batch = DEFAULTS.get(FLAGS.model, ("tiny", "", 64))
+    return (FLAGS.config or config, model_flags if FLAGS.model_flags is None else FLAGS.model_flags,
+            FLAGS.global_batch_size or batch)
+
+
+def num_workers() -> int:
+    from dapple_tf.cluster.servers import usable_cores
+
+    return FLAGS.num_workers or max(2, len(usable_cores()) // max(1, FLAGS.cores_per_worker))
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.as_chief:
+        from scripts.bench import speedup_chief
+
+        return speedup_chief.run(FLAGS, model_args())
+    n = num_workers()
+    if n < 2:
+        raise ValueError(f"--num_workers={n}: a speedup needs at least 2 workers")
+    config, model_flags, batch = model_args()
+    passed = [f"--model={FLAGS.model}", f"--config={config}", f"--model_flags={model_flags}",
+              f"--global_batch_size={batch}", f"--num_workers={n}", f"--cores_per_worker={FLAGS.cores_per_worker}",
+              f"--micro_batches={','.join(FLAGS.micro_batches)}", f"--optimizer={FLAGS.optimizer}",
+              f"--steps={FLAGS.steps}", f"--gpipe={FLAGS.gpipe}", f"--zero_bubble={FLAGS.zero_bubble}",
+              f"--stage_functions={FLAGS.stage_functions}", "--as_chief"]
+    if FLAGS.allreduce_bucket_mb is not None:
+        passed.append(f"--allreduce_bucket_mb={FLAGS.allreduce_bucket_mb}")
+    for name in ("plans",):
+        if getattr(FLAGS, name):
+            passed.append(f"--{name}={','.join(getattr(FLAGS, name))}")
+    for name in ("json", "trace_dir", "profile_dir"):
+        if getattr(FLAGS, name):
+            passed.append(f"--{name}={os.path.abspath(getattr(FLAGS, name))}")
+    threads = [f"--{name}={getattr(FLAGS, name)}" for name in ("intra_op_threads", "inter_op_threads")
+               if getattr(FLAGS, name) is not None]
+    launch = [sys.executable, "-m", "scripts.dapple_launch", f"--cluster=local:{n}x1",
+              f"--cores_per_worker={FLAGS.cores_per_worker}", *threads, "--grace=30", "--",
+              sys.executable, "-m", "scripts.bench.speedup", *passed]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    process = subprocess.Popen(launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in process.stdout:
+            if line.startswith("[chief] "):
+                print(line[len("[chief] "):], end="", flush=True)
+            elif line.startswith("dapple_launch:") or "error" in line.lower():
+                print(line, end="", flush=True)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        code = process.wait()
+    return code
+
+
+def run():
+    run_main(main)
+
+
+if __name__ == "__main__":
+    run()

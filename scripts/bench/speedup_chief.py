@@ -1,0 +1,208 @@
+"""The chief of scripts/bench/speedup.py: profile, link, plans, measurements, rows.
+
+Runs under dapple_launch (TF_CONFIG names the pinned workers). See bench_speedup's docstring.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from typing import Dict, List
+
+from scripts.bench import speedup_plans
+from scripts.cli import write_rows
+
+WARMUP_STEPS = 3
+
+
+def profile_sizes(global_batch_size: int, micro_batches, num_workers: int, names=None) -> List[int]:
+    """Every slice size the plans run: the global batch, global batch / M, and (when data-parallel or
+    planner plans are measured) the data-parallel slice."""
+    sizes = {global_batch_size} | {global_batch_size // int(m) for m in micro_batches
+                                   if global_batch_size % int(m) == 0}
+    if not names or any(n.startswith(("dp", "planner")) for n in names):
+        sizes.add(-(-global_batch_size // num_workers))
+    return sorted(sizes)
+
+
+def measure_profiles(flags_, model_args, cores, sizes, folder) -> Dict[int, str]:
+    """Profiles the model at each size in a process pinned to `cores` (a worker's cores, idle meanwhile)."""
+    config, model_flags, _ = model_args
+    # a kept profile is reused only for the same model, config, flags and cores
+    key = zlib.crc32(f"{flags_.model}|{config}|{model_flags}|{len(cores)}".encode()) & 0xFFFFFFFF
+    paths = {}
+    for size in sizes:
+        path = os.path.join(folder, f"{flags_.model}-{key:08x}-bs{size}.pbtxt")
+        if not os.path.exists(path):
+            command = [sys.executable, "-m", "scripts.dapple_profile", f"--model={flags_.model}", f"--config={config}",
+                       f"--model_flags={model_flags}", f"--batch_size={size}", f"--threads={len(cores)}",
+                       f"--output={path}"]
+            done = subprocess.run(command, capture_output=True, text=True,
+                                  preexec_fn=lambda: os.sched_setaffinity(0, set(cores)))
+            if done.returncode:
+                raise RuntimeError(f"profiling at batch {size} failed:\n{done.stderr[-2000:]}")
+        paths[size] = path
+        print(f"profile at batch {size}: {path}", flush=True)
+    return paths
+
+
+def profile_for(plan: speedup_plans.BenchPlan, profiles: Dict[int, str]) -> str:
+    """The profile measured at the size of the plan's largest slice (the nearest one measured)."""
+    from planner.planning.api import largest_slice_of, nearest_profile_size
+
+    return profiles[nearest_profile_size(profiles, largest_slice_of(plan.proto))]
+
+
+def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, steps, bucket_mb=None,
+                 stage_functions="auto"):
+    """(median step ms, peak bytes per device, RunMetadata of a traced step, handle) of one plan."""
+    import tensorflow as tf
+
+    import dapple_tf
+    from dapple_tf.trace.step_stats import peak_bytes_per_device
+    from profiler.timing import median_run_ms
+
+    runtime_plan = dapple_tf.Plan.from_proto(plan.proto)
+    with tf.Graph().as_default():
+        with tf.device(runtime_plan.stages[0].devices[0]):
+            features, labels = spec.step_input_fn(global_batch_size)(tf.constant(0, tf.int64))
+        optimizer = (tf.compat.v1.train.AdamOptimizer(1e-3) if optimizer_name == "adam"
+                     else tf.compat.v1.train.GradientDescentOptimizer(0.01))
+        bucket = None if bucket_mb is None else bucket_mb * 2**20
+        handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, runtime_plan,
+                                          allreduce_bucket_bytes=bucket,
+                                          stage_functions={"auto": None, "true": True, "false": False}[stage_functions])
+        with tf.compat.v1.Session(target, config=config) as sess:
+            sess.run(handle.initializer)
+            ms = median_run_ms(sess, handle.train_op, warmup=WARMUP_STEPS, runs=steps)
+            metadata = tf.compat.v1.RunMetadata()
+            sess.run(handle.train_op, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                     run_metadata=metadata)
+    free_workers(target)
+    return ms, peak_bytes_per_device(metadata.step_stats), metadata, handle
+
+
+def free_workers(target: str) -> None:
+    """Drops every variable the workers hold (they outlive a session on a cluster), so that the next plan's
+    peak memory is its own."""
+    import tensorflow as tf
+
+    tf.compat.v1.Session.reset(target)
+
+
+def model_step(spec, batch_size):
+    """One forward + backward of the model on `batch_size` synthetic samples (its gradient ops)."""
+    import tensorflow as tf
+
+    features, labels = spec.step_input_fn(batch_size)(tf.constant(0, tf.int64))
+    loss = spec.model_fn(features, labels)
+    grads = tf.gradients(loss, tf.compat.v1.trainable_variables(scope=tf.compat.v1.get_variable_scope().name))
+    return [tf.convert_to_tensor(g).op for g in grads if g is not None]
+
+
+def planner_cluster(num_workers: int, link, allreduce_bandwidth: float, slowdown: float = 1.0) -> object:
+    """The workers as the planner sees them: one device per server, the measured link and AllReduce between
+    servers, communication done by the workers' own cores."""
+    from planner.formats.cluster import local_task_cluster
+
+    cluster = local_task_cluster(num_workers, 1)
+    cluster.inter_server_bandwidth = link.bandwidth
+    cluster.allreduce_bandwidth = allreduce_bandwidth
+    cluster.concurrent_compute_slowdown = slowdown
+    return cluster
+
+
+HEADER = (f"{'plan':16s} {'samples/s':>10s} {'ms':>8s} {'speedup':>8s} {'ideal':>6s} {'sim ms':>8s} "
+          f"{'meas/sim':>8s}  peak MiB per worker")
+
+
+def row_text(row) -> str:
+    peaks = " ".join(f"{p / 2**20:.0f}" for p in row["peak_bytes"])
+    return (f"{row['plan']:16s} {row['samples_per_s']:10.0f} {row['measured_ms']:8.1f} {row['speedup']:8.2f} "
+            f"{row['ideal_speedup']:6.2f} {row['simulated_ms']:8.1f} {row['measured_over_simulated']:8.2f}  {peaks}")
+
+
+def selected(plans, names):
+    """The plans named (all when `names` is empty); ValueError naming an unknown one."""
+    if not names:
+        return plans
+    known = {p.name for p in plans}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--plans: no plan named {', '.join(unknown)}; the plans are {', '.join(sorted(known))}")
+    return [p for p in plans if p.name in names]
+
+
+def run(flags_, model_args) -> int:
+    import tensorflow as tf
+
+    import models
+    from dapple_tf.cluster.servers import TFCluster, session_config, wait_for_workers, worker_cores
+    from dapple_tf.cluster.link_probe import measure_allreduce, measure_concurrent_slowdown, measure_link
+
+    config_name, model_flags, batch = model_args
+    n = flags_.num_workers
+    cluster = TFCluster.from_tf_config()
+    wait_for_workers(cluster, 120)
+    devices = [cluster.device(i, "CPU", 0) for i in range(n)]
+    spec = models.get_model(flags_.model, config_name, **models.parse_model_flags(model_flags))
+    folder = flags_.profile_dir or tempfile.mkdtemp(prefix="bench_speedup_")
+    os.makedirs(folder, exist_ok=True)
+    start = time.time()
+    sizes = profile_sizes(batch, flags_.micro_batches, n, flags_.plans)
+    profiles = measure_profiles(flags_, model_args, worker_cores(0, flags_.cores_per_worker), sizes, folder)
+    session = session_config(300)
+    link = measure_link(cluster.target, session, devices[0], devices[1])
+    allreduce = measure_allreduce(cluster.target, session, devices)
+    slowdown = measure_concurrent_slowdown(cluster.target, session, devices, lambda: model_step(spec, batch // n))
+    print(f"link worker 0 <-> 1: latency {link.latency_s * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s; "
+          f"AllReduce on {n} workers: {allreduce / 1e9:.2f} GB/s (ring formula); all workers computing at once: "
+          f"{slowdown:.3f}x slower", flush=True)
+    free_workers(cluster.target)
+    pcluster = planner_cluster(n, link, allreduce, slowdown)
+    base_profile = profiles[batch]
+    plans = speedup_plans.bench_plans(base_profile, pcluster, batch, n, [int(m) for m in flags_.micro_batches],
+                                      gpipe=flags_.gpipe, zero_bubble=flags_.zero_bubble)
+    plans.append(speedup_plans.planner_plan(profiles, pcluster, batch))
+    plans = selected(plans, flags_.plans)
+    print(f"{flags_.model} ({model_flags}), global batch {batch}, {n} workers x {flags_.cores_per_worker} core(s), "
+          f"{flags_.optimizer}; median of {flags_.steps} steps; setup {time.time() - start:.0f} s", flush=True)
+    print(HEADER, flush=True)
+    rows, single_ms = [], None
+    for plan in plans:
+        ms, peaks, metadata, handle = measure_plan(spec, plan, cluster.target, session, batch, flags_.optimizer,
+                                                   flags_.steps, flags_.allreduce_bucket_mb, flags_.stage_functions)
+        single_ms = single_ms or (ms if plan.name == "single" else None)
+        profile = profile_for(plan, profiles)
+        simulated = speedup_plans.simulate(plan, profile)
+        sim = simulated.iteration_ms
+        row = {"plan": plan.name, "stages": speedup_plans.describe(plan), "measured_ms": ms, "simulated_ms": sim,
+               "samples_per_s": batch / ms * 1e3, "speedup": (single_ms / ms) if single_ms else float("nan"),
+               "ideal_speedup": plan.ideal_speedup, "measured_over_simulated": ms / sim,
+               "peak_bytes": [peaks.get(d, 0) for d in devices], "profile": os.path.basename(profile)}
+        rows.append(row)
+        print(row_text(row), flush=True)
+        if flags_.trace_dir:
+            write_timelines(flags_.trace_dir, plan, metadata, handle, simulated)
+    write_rows(flags_.json, rows)
+    del tf
+    return 0
+
+
+def write_timelines(folder, plan, metadata, handle, simulated) -> None:
+    """The measured timeline as a Chrome trace, and a PNG of it above the simulated one."""
+    from dapple_tf.trace import timeline
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{plan.name}.run_metadata.pb"), "wb") as f:
+        f.write(metadata.SerializeToString())
+    measured = timeline.measured_timeline(metadata, handle)
+    timeline.write_measured_trace(measured, os.path.join(folder, f"{plan.name}.trace.json"))
+    for i, (a, b) in enumerate(zip(measured.stages, simulated.stages)):
+        print(f"  {plan.name} stage {i}: forward {a.forward_ms:.2f} ms (simulated {b.forward_ms:.2f}), backward "
+              f"{a.backward_ms:.2f} ms (simulated {b.backward_ms:.2f})", flush=True)
+    timeline.draw_measured_vs_simulated(
+        measured, simulated, os.path.join(folder, f"{plan.name}.png"),
+        [f"{plan.name} measured: {measured.iteration_ms:.1f} ms", f"{plan.name} simulated: {simulated.iteration_ms:.1f} ms"])
