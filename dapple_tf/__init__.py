@@ -10,6 +10,7 @@ from dapple_tf.rewrite.batch_norm import BatchNormWarning, MovingStatisticsWarni
 from dapple_tf.cluster.servers import ClusterError, TFCluster
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model.layers import LayerRecorder, layer
+from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.rewrite.pipeline import PipelineHandle, build_pipeline
 from dapple_tf.plan import Plan
 from dapple_tf.rewrite.random_ops import RandomOpsWarning
@@ -34,5 +35,6 @@ __all__ = [
     "Plan",
     "RandomOpsWarning",
     "PipelineHandle",
+    "PipelineOptions",
     "build_pipeline",
 ]

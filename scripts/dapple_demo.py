@@ -127,7 +127,8 @@ def main(argv):
         features = tf.compat.v1.placeholder(tf.float32, [FLAGS.global_batch_size, 64], name="features")
         labels = tf.compat.v1.placeholder(tf.int32, [FLAGS.global_batch_size], name="labels")
         optimizer = tf.compat.v1.train.AdamOptimizer(FLAGS.learning_rate)
-        handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, plan, schedule=FLAGS.schedule)
+        handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, plan,
+                                          dapple_tf.PipelineOptions(schedule=FLAGS.schedule))
         test_x = tf.constant(x_test)
         with tf.compat.v1.variable_scope("", reuse=True), dapple_tf.LayerRecorder(graph).activate():
             predictions = tf.argmax(spec.predict_fn(test_x), axis=1, output_type=tf.int32)

@@ -1,5 +1,7 @@
 """Runs a model single-device and pipelined from the same initial values, for comparisons."""
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
@@ -50,14 +52,21 @@ def train_single(model_fn, x, y, make_optimizer, steps, initial=None):
     return first_grads, weights, losses
 
 
+def split_options(**build):
+    """build_pipeline's keyword arguments as (its PipelineOptions, the other keyword arguments)."""
+    fields = {f.name for f in dataclasses.fields(dapple_tf.PipelineOptions)}
+    options = dapple_tf.PipelineOptions(**{k: v for k, v in build.items() if k in fields})
+    return options, {k: v for k, v in build.items() if k not in fields}
+
+
 def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_metadata=None, initial=None,
                     target="", config=SESSION_CONFIG, **build):
     """The same through build_pipeline (`build`: its other keyword arguments) in a session on `target` ("" is
     this process); also returns the handle and every variable copy's value."""
     with tf.Graph().as_default():
+        options, rest = split_options(schedule=schedule, **build)
         handle = dapple_tf.build_pipeline(
-            model_fn, tf.nest.map_structure(tf.constant, x), tf.constant(y), make_optimizer(), plan, schedule=schedule,
-            **build,
+            model_fn, tf.nest.map_structure(tf.constant, x), tf.constant(y), make_optimizer(), plan, options, **rest
         )
         grads = [tf.convert_to_tensor(g) for g, _ in handle.grads_and_vars]
         names = [v.op.name for _, v in handle.grads_and_vars]

@@ -58,7 +58,7 @@ def test_weight_gradients_wait_for_the_input_gradients_of_a_later_stage(stage_fu
     with tf.Graph().as_default() as graph:
         handle = dapple_tf.build_pipeline(toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x),
                                           tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
-                                          stage_functions=stage_functions)
+                                          dapple_tf.PipelineOptions(stage_functions=stage_functions))
         assert handle.function_fallbacks == {}
         for stage, has_marker in ((0, False), (1, True)):
             for m in range(2):

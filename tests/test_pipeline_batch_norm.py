@@ -57,10 +57,9 @@ def pipelined(model_fn, x, y, stage_functions=None):
     with tf.Graph().as_default():
         plan = dapple_tf.Plan.from_stages(STAGES, num_micro_batches=2)
         with pytest.warns(BatchNormWarning, match=r"batch normalization in training mode \(.+\) normalizes each"):
-            handle = dapple_tf.build_pipeline(
-                model_fn, tf.constant(x), tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
-                stage_functions=stage_functions,
-            )
+            handle = dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y),
+                                              tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                              dapple_tf.PipelineOptions(stage_functions=stage_functions))
         assert not stage_functions or handle.function_fallbacks == {}
         moving = {v.op.name: v for v in tf.compat.v1.global_variables() if not v.trainable}
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:

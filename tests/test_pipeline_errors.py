@@ -19,7 +19,8 @@ def build(model_fn=None, stages=None, m=2, n=N, schedule="dapple"):
     with tf.Graph().as_default():
         plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=m)
         return dapple_tf.build_pipeline(
-            model_fn, tf.constant(x), tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan, schedule
+            model_fn, tf.constant(x), tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+            dapple_tf.PipelineOptions(schedule=schedule)
         )
 
 

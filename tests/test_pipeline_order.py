@@ -61,7 +61,8 @@ def _graph_ops(schedule):
     with tf.Graph().as_default() as graph:
         features, labels = tf.constant(x), tf.constant(y)
         handle = dapple_tf.build_pipeline(toy_models.skip_model_fn(toy_models.initial_values()), features, labels,
-                                          tf.compat.v1.train.GradientDescentOptimizer(0.1), plan, schedule=schedule)
+                                          tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                          dapple_tf.PipelineOptions(schedule=schedule))
     return graph.get_operations(), handle
 
 

@@ -52,10 +52,9 @@ def test_extra_outputs_equal_single_device(stages, n, stage_functions):
     want_loss, want = single_values(x, y)
     with tf.Graph().as_default():
         plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=2)
-        handle = dapple_tf.build_pipeline(
-            metrics_model_fn, tf.constant(x), tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
-            stage_functions=stage_functions,
-        )
+        handle = dapple_tf.build_pipeline(metrics_model_fn, tf.constant(x), tf.constant(y),
+                                          tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                          dapple_tf.PipelineOptions(stage_functions=stage_functions))
         assert not stage_functions or handle.function_fallbacks == {}
         assert sorted(handle.outputs) == sorted(want)
         assert handle.outputs["logits"].shape.as_list() == [n, toy_models.CLASSES]

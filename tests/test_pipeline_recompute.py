@@ -131,7 +131,8 @@ def test_unseeded_dropout_is_recomputed_with_the_forward_mask():
     plan = dapple_tf.Plan.from_stages([(0, 0, [cpu(0)]), (1, 1, [cpu(1)])], num_micro_batches=4)
     with tf.Graph().as_default():
         sgd = tf.compat.v1.train.GradientDescentOptimizer(0.0)
-        handle = dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), sgd, plan, recompute=True)
+        handle = dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), sgd, plan,
+                                          dapple_tf.PipelineOptions(recompute=True))
         (grad, w), = handle.grads_and_vars
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(handle.initializer)
@@ -163,9 +164,8 @@ def test_recomputation_runs_in_the_backward_slot(schedule):
         for n in names:
             graph_ops[n] = task
     with tf.Graph().as_default() as graph:  # rebuild to inspect the ops (the harness's graph is gone)
-        handle = dapple_tf.build_pipeline(
-            model_fn, tf.constant(x), tf.constant(y), sgd(), plan, schedule=schedule, recompute=True
-        )
+        handle = dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), sgd(), plan,
+                                          dapple_tf.PipelineOptions(schedule=schedule, recompute=True))
         forward = {n for (_, t, _), names in handle.task_op_names.items() if t.kind == FORWARD for n in names}
         for (_, task, _), names in handle.task_op_names.items():
             if task.kind != BACKWARD:
@@ -183,7 +183,8 @@ def test_recompute_argument_errors():
     for recompute, message in (([2], "names stage 2, but the plan has 2 stages"),
                                ([True], "stage indices"), ("all", "must be True, False, None or a list")):
         with tf.Graph().as_default(), pytest.raises(PlanError, match=message):
-            dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), adam(), plan, recompute=recompute)
+            dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), adam(), plan,
+                                     dapple_tf.PipelineOptions(recompute=recompute))
 
 
 def test_a_stage_that_changes_state_is_not_recomputed():
@@ -200,7 +201,7 @@ def test_a_stage_that_changes_state_is_not_recomputed():
     plan = dapple_tf.Plan.from_stages([(0, 0, [cpu(0)]), (1, 1, [cpu(1)])], num_micro_batches=2)
     with tf.Graph().as_default(), pytest.raises(DappleError, match=r"stage 0 cannot be recomputed: .*AssignAdd"):
         dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(np.zeros(4, np.float32)), adam(), plan,
-                                 recompute=[0])
+                                 dapple_tf.PipelineOptions(recompute=[0]))
 
 
 def test_build_pipeline_follows_the_plan_files_choice():
@@ -214,9 +215,8 @@ def test_build_pipeline_follows_the_plan_files_choice():
     model_fn = toy_models.skip_model_fn(toy_models.initial_values())
     for recompute, stages in ((None, {1}), (False, set()), (True, {0, 1}), ([0], {0})):
         with tf.Graph().as_default():
-            handle = dapple_tf.build_pipeline(
-                model_fn, tf.constant(x), tf.constant(y), adam(), plan, recompute=recompute
-            )
+            handle = dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), adam(), plan,
+                                              dapple_tf.PipelineOptions(recompute=recompute))
         recomputed = {task.stage for (_, task, _), names in handle.task_op_names.items()
                       if any("/recompute/" in n for n in names)}
         assert recomputed == stages, recompute

@@ -1,4 +1,4 @@
-"""Sync batch norm (build_pipeline(batch_norm="sync")): a replicated stage normalizes with the statistics of
+"""Sync batch norm (PipelineOptions(batch_norm="sync")): a replicated stage normalizes with the statistics of
 the whole micro-batch, so training equals one device fed the same micro-batches, moving averages included."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import tensorflow as tf
 import dapple_tf
 from dapple_tf.rewrite.batch_norm import BatchNormWarning
 from dapple_tf.errors import DappleError
-from tests.pipeline_harness import SESSION_CONFIG, cpu
+from tests.pipeline_harness import SESSION_CONFIG, cpu, split_options
 
 DECAY, EPS, LR, C = 0.9, 1e-3, 0.5, 4
 UPDATE_OPS = tf.compat.v1.GraphKeys.UPDATE_OPS
@@ -105,8 +105,9 @@ def pipelined(model_fn, x, y, stages, steps, num_micro_batches=1, initial=None, 
     """build_pipeline's SGD training for `steps` steps: (weights, moving averages) by name."""
     with tf.Graph().as_default():
         plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=num_micro_batches)
+        options, rest = split_options(**build)
         handle = dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y),
-                                          tf.compat.v1.train.GradientDescentOptimizer(LR), plan, **build)
+                                          tf.compat.v1.train.GradientDescentOptimizer(LR), plan, options, **rest)
         variables = [v for _, v in handle.grads_and_vars]
         moving = _moving_averages()
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:

@@ -36,7 +36,7 @@ def traced_step(bucket_bytes):
         y = tf.constant(rng.randn(256).astype(np.float32))
         plan = dapple_tf.Plan.from_stages([(0, 1, DEVICES[:2]), (2, 2, DEVICES[2:])], num_micro_batches=4)
         handle = dapple_tf.build_pipeline(model_fn, x, y, tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
-                                          allreduce_bucket_bytes=bucket_bytes)
+                                          dapple_tf.PipelineOptions(allreduce_bucket_bytes=bucket_bytes))
         with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={"CPU": 3}, inter_op_parallelism_threads=8)) as sess:
             sess.run(handle.initializer)
             sess.run(handle.train_op)

@@ -11,7 +11,7 @@ import tensorflow as tf
 import dapple_tf
 from dapple_tf.rewrite import stage_function
 from tests import toy_models
-from tests.pipeline_harness import assert_close_dicts, cpu, train_pipelined, train_single
+from tests.pipeline_harness import assert_close_dicts, cpu, split_options, train_pipelined, train_single
 
 STAGES = [(0, 1, [cpu(0)]), (2, 4, [cpu(1)])]
 
@@ -20,10 +20,10 @@ def build(m, stage_functions, model_fn=None, stages=STAGES, **kwargs):
     """(ops in the graph, stage functions in its library, handle) of the toy model's pipeline at M=m."""
     x, y = toy_models.batch(16)
     with tf.Graph().as_default() as graph:
+        options, rest = split_options(stage_functions=stage_functions, **kwargs)
         handle = dapple_tf.build_pipeline(
             model_fn or toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x), tf.constant(y),
-            tf.compat.v1.train.GradientDescentOptimizer(0.1), dapple_tf.Plan.from_stages(stages, m),
-            stage_functions=stage_functions, **kwargs,
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), dapple_tf.Plan.from_stages(stages, m), options, **rest
         )
         library = [f.signature.name for f in graph.as_graph_def().library.function if "dapple_stage" in f.signature.name]
         return len(graph.get_operations()), library, handle

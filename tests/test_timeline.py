@@ -27,10 +27,9 @@ def traced_step(stages, partition_graphs=True):
     x, y = toy_models.batch(8)
     plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=M)
     with tf.Graph().as_default():
-        handle = dapple_tf.build_pipeline(
-            toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x), tf.constant(y),
-            tf.compat.v1.train.GradientDescentOptimizer(0.1), plan, schedule="dapple",
-        )
+        handle = dapple_tf.build_pipeline(toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x),
+                                          tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                          dapple_tf.PipelineOptions(schedule="dapple"))
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
                                           output_partition_graphs=partition_graphs)
         metadata = tf.compat.v1.RunMetadata()

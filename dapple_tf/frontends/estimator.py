@@ -28,6 +28,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 import tensorflow_estimator as tf_estimator
 
+from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.errors import DappleError
 from dapple_tf.rewrite.graph_walk import depends_on_any
 from dapple_tf.model.layers import LayerRecorder
@@ -77,8 +78,9 @@ def _train_spec(user_model_fn, optimizer_fn, plan, schedule, features, labels, b
             )
     graph = tf.compat.v1.get_default_graph()
     first_new_op = len(graph.get_operations())
-    handle = build_pipeline(user_model_fn, features, labels, optimizer, plan, schedule=schedule,
-                            global_step=tf.compat.v1.train.get_or_create_global_step(), batch_norm=batch_norm)
+    handle = build_pipeline(user_model_fn, features, labels, optimizer, plan,
+                            PipelineOptions(schedule=schedule, batch_norm=batch_norm),
+                            global_step=tf.compat.v1.train.get_or_create_global_step())
     _drop_template_summaries(graph, first_new_op)
     scaffold = tf.compat.v1.train.Scaffold(local_init_op=handle.local_init_op)
     return EstimatorSpec(ModeKeys.TRAIN, loss=handle.loss, train_op=handle.train_op, scaffold=scaffold)

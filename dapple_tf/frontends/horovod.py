@@ -17,6 +17,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.errors import PlanError
 from dapple_tf.rewrite.pipeline import build_pipeline
 from dapple_tf.plan import Plan
@@ -80,9 +81,10 @@ class HorovodPipeline:
         batch_norm="sync" synchronizes a stage's replicas in this process only (statistics per process)."""
         local = int(tf.nest.flatten(features)[0].shape[0])
         share = local / (global_batch_size or local * self.size)
-        return build_pipeline(model_fn, features, labels, optimizer, self.plan, schedule=schedule,
-                              global_step=global_step, cross_process_reduce=cross_process_reduce(share),
-                              batch_norm=batch_norm, layers=layers)
+        return build_pipeline(model_fn, features, labels, optimizer, self.plan,
+                              PipelineOptions(schedule=schedule, batch_norm=batch_norm,
+                                              cross_process_reduce=cross_process_reduce(share)),
+                              global_step=global_step, layers=layers)
 
     def broadcast_hook(self, handle) -> tf.compat.v1.train.SessionRunHook:
         return _BroadcastHook(handle)

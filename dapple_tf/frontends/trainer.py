@@ -31,6 +31,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 import tensorflow as tf
 
+from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.model import inputs
 from dapple_tf.cluster.servers import ClusterError, TFCluster, failed_tasks, session_config
 from dapple_tf.errors import DappleError
@@ -128,8 +129,8 @@ class Trainer:
                                             layers=self.layers)
             else:
                 handle = build_pipeline(self.model_fn, features, labels, self._optimizer(), self.plan,
-                                        schedule=self.schedule, global_step=global_step, batch_norm=self.batch_norm,
-                                        layers=self.layers)
+                                        PipelineOptions(schedule=self.schedule, batch_norm=self.batch_norm),
+                                        global_step=global_step, layers=self.layers)
             eval_loss = self._eval_loss(graph, global_step) if self.eval_input_fn else None
             batch = _batch_size(features)
             saver = tf.compat.v1.train.Saver(max_to_keep=self.options.keep_checkpoints)

@@ -15,7 +15,7 @@ Passes, in order (paper section 5):
 """
 
 import dataclasses
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -24,10 +24,11 @@ from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model.graph_mode import require_graph_mode
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
+from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.rewrite.replicas import VariableCopies, canonical_device
 from dapple_tf.model.scopes import ScopeLayers
 from dapple_tf.rewrite.stage_builder import StageBuilder
-from planner.formats.schedule import SCHEDULE_KINDS, Schedule, Task
+from planner.formats.schedule import Schedule, Task
 from planner.formats import plan_pb2
 
 
@@ -93,40 +94,26 @@ class _LayerPlacer:
         return stages[self._stage].devices[0]
 
 
-def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, global_step=None, layers=None,
-                   recompute=None, cross_process_reduce=None, batch_norm="per_slice", allreduce_bucket_bytes=None,
-                   stage_functions=None):
+def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optional[PipelineOptions] = None, *,
+                   global_step=None, layers=None):
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
     (batch-leading tensors or scalar means: handle.outputs), with layers marked by dapple_tf.layer; features
     and labels are the global batch (tensors or nests of tensors, leading dimension = batch);
     optimizer a tf.compat.v1.train.Optimizer; plan a dapple_tf.Plan, a plan proto or a plan file;
-    schedule "dapple" (early backward) or "gpipe" (default: the plan file's, else "dapple");
+    options a dapple_tf.PipelineOptions (schedule, re-computation, batch norm, AllReduce buckets, stage
+    functions; default PipelineOptions());
     layers: None (dapple_tf.layer markers) or dapple_tf.layers_by_scope(...) (the model's name scopes).
-    recompute (re-computation, recompute.py) True, False or a list of stage indices (default: the
-    plan file's choice, else none).
-    cross_process_reduce: see gradients.reduce_and_pair (dapple_tf.frontends.horovod passes it).
-    allreduce_bucket_bytes: gradients are all-reduced in buckets of at least this many bytes, last
-    layers first, overlapping the last micro-batch's backward (default 25 MiB, the planner's
-    ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
-    batch_norm: "per_slice" (each replica's slice of a micro-batch normalized with its own statistics) or
-    "sync" (a replicated stage's batch norms, fused or tf.nn.moments-style, use the whole micro-batch's statistics:
-    sync_batch_norm.py; per-sample normalizations such as LayerNormalization are told apart: normalization.py).
-    stage_functions: True builds each stage once, as functions called per micro-batch and replica (stage_function.py;
-    a stage it does not cover is imported per clone: PipelineHandle.function_fallbacks): the graph and the first
-    step no longer grow with the model's ops times M, at some step time and activation memory. False imports
-    every stage per micro-batch and replica. None (default): functions when the clones would hold more than
-    stage_function.AUTO_CLONED_OPS operations.
     Returns a PipelineHandle.
     """
     require_graph_mode("build_pipeline")
-    if batch_norm not in batch_norm_lib.MODES:
-        raise DappleError(f"batch_norm must be one of {batch_norm_lib.MODES}, got {batch_norm!r}")
+    options = options or PipelineOptions()
+    if not isinstance(options, PipelineOptions):
+        raise DappleError(f"options must be a dapple_tf.PipelineOptions, got {type(options).__name__}")
     plan = _as_plan(plan)
-    schedule = schedule or plan.schedule_kind or "dapple"
-    if schedule not in SCHEDULE_KINDS:
-        raise PlanError(f"unknown schedule {schedule!r}; expected one of {SCHEDULE_KINDS}")
+    schedule = options.schedule or plan.schedule_kind or "dapple"
+    batch_norm, recompute, stage_functions = options.batch_norm, options.recompute, options.stage_functions
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise DappleError(
             f"optimizer must be a tf.compat.v1.train.Optimizer (graph mode), got {type(optimizer).__name__}"
@@ -198,8 +185,9 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, schedule=None, g
     # step with its own message, not with the collectives it would otherwise cancel mid-flight.
     stale_copy_check = copies.stale_copy_check()
     first_reduce_op = len(graph.get_operations())
-    grads_and_vars, apply_pairs = gradients.reduce_and_pair(builder.accumulator, copies, keys, cross_process_reduce,
-                                                              allreduce_bucket_bytes, start_after=stale_copy_check)
+    grads_and_vars, apply_pairs = gradients.reduce_and_pair(
+        builder.accumulator, copies, keys, options.cross_process_reduce, options.allreduce_bucket_bytes,
+        start_after=stale_copy_check)
     allreduce_op_names = tuple(op.name for op in graph.get_operations()[first_reduce_op:])
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")

@@ -1,4 +1,4 @@
-"""Synchronized batch norm (build_pipeline(batch_norm="sync")): statistics over a stage's replicas.
+"""Synchronized batch norm (PipelineOptions(batch_norm="sync")): statistics over a stage's replicas.
 
 A replicated stage's clones each see a slice of the micro-batch. `rewrite` changes the stage's
 GraphDef (before it is cloned) so that every batch statistic (normalization.SampleAxes.batch_statistics,

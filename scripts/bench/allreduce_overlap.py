@@ -1,5 +1,5 @@
 """Gradient AllReduce in buckets during the last backward vs one bucket after it: step time of the same
-pipelined MLP (dapple_tf/rewrite/gradients.py, build_pipeline(allreduce_bucket_bytes=...)).
+pipelined MLP (dapple_tf/rewrite/gradients.py, PipelineOptions(allreduce_bucket_bytes=...)).
 
 An MLP of --layers dense layers of --width, one stage replicated on --replicas virtual CPU devices
 (data parallelism through the pipeline runtime), M=--micro_batches. Buckets of one variable each
@@ -57,7 +57,7 @@ def build(bucket_bytes):
         tf.compat.v1.set_random_seed(0)
         handle = dapple_tf.build_pipeline(_model_fn, tf.constant(x), tf.constant(y),
                                           tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
-                                          allreduce_bucket_bytes=bucket_bytes)
+                                          dapple_tf.PipelineOptions(allreduce_bucket_bytes=bucket_bytes))
     config = tf.compat.v1.ConfigProto(device_count={"CPU": FLAGS.replicas},
                                       inter_op_parallelism_threads=FLAGS.inter_op_threads)
     sess = tf.compat.v1.Session(graph=graph, config=config)

@@ -73,7 +73,7 @@ def measure(tf, spec, micro_batches, config, rewrite="functions"):
                       for s, i in enumerate(range(0, len(names), per))]
             plan = dapple_tf.Plan.from_stages(stages, micro_batches)
             handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, _optimizer(tf), plan,
-                                              stage_functions=rewrite == "functions")
+                                              dapple_tf.PipelineOptions(stage_functions=rewrite == "functions"))
             for stage, reason in sorted(handle.function_fallbacks.items()):
                 print(f"  stage {stage} is imported per micro-batch: {reason}")
             return handle.train_op, handle.initializer

@@ -90,10 +90,9 @@ def measure(schedule, num_micro_batches, recompute, hidden, micro_batch_size, la
         plan = dapple_tf.Plan.from_stages(
             [(0, half - 1, ["/device:CPU:0"]), (half, layers, ["/device:CPU:1"])], num_micro_batches=num_micro_batches
         )
-        handle = dapple_tf.build_pipeline(
-            model_fn_for(hidden, layers, depth), x, y, tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
-            schedule, recompute=recompute,
-        )
+        handle = dapple_tf.build_pipeline(model_fn_for(hidden, layers, depth), x, y,
+                                          tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
+                                          dapple_tf.PipelineOptions(schedule=schedule, recompute=recompute))
         config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
         with tf.compat.v1.Session(config=config) as sess:
             sess.run(handle.initializer)

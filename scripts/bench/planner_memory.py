@@ -49,7 +49,8 @@ def measured_peaks(spec, plan, global_batch, steps=3):
         features = tf.nest.map_structure(tf.constant, x)
         labels = tf.nest.map_structure(tf.constant, y)
         handle = dapple_tf.build_pipeline(spec.model_fn, features, labels,
-                                          tf.compat.v1.train.GradientDescentOptimizer(0.01), plan, "dapple")
+                                          tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
+                                          dapple_tf.PipelineOptions(schedule="dapple"))
         variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
         metas = []
         with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={"CPU": 2})) as sess:

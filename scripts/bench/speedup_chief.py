@@ -71,9 +71,10 @@ def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, 
         optimizer = (tf.compat.v1.train.AdamOptimizer(1e-3) if optimizer_name == "adam"
                      else tf.compat.v1.train.GradientDescentOptimizer(0.01))
         bucket = None if bucket_mb is None else bucket_mb * 2**20
+        functions = {"auto": None, "true": True, "false": False}[stage_functions]
         handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, runtime_plan,
-                                          allreduce_bucket_bytes=bucket,
-                                          stage_functions={"auto": None, "true": True, "false": False}[stage_functions])
+                                          dapple_tf.PipelineOptions(allreduce_bucket_bytes=bucket,
+                                                                    stage_functions=functions))
         with tf.compat.v1.Session(target, config=config) as sess:
             sess.run(handle.initializer)
             ms = median_run_ms(sess, handle.train_op, warmup=WARMUP_STEPS, runs=steps)

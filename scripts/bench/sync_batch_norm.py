@@ -71,7 +71,7 @@ def build(batch_norm):
             warnings.simplefilter("ignore", dapple_tf.BatchNormWarning)
             handle = dapple_tf.build_pipeline(_model_fn, tf.constant(x), tf.constant(y),
                                               tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
-                                              batch_norm=batch_norm)
+                                              dapple_tf.PipelineOptions(batch_norm=batch_norm))
         build_s = time.perf_counter() - start
     sess = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(device_count={"CPU": 4}))
     sess.run(handle.initializer)

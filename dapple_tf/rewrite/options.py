@@ -1,0 +1,51 @@
+"""`dapple_tf.PipelineOptions`: how build_pipeline builds the graph, beyond what the plan says.
+
+Every field has a default that suits most models; the plan decides the stages, devices, M and, unless
+`schedule` is given, the schedule.
+"""
+
+import dataclasses
+from typing import Callable, Optional, Sequence, Union
+
+from dapple_tf.errors import DappleError, PlanError
+from dapple_tf.rewrite.batch_norm import MODES as BATCH_NORM_MODES
+from planner.formats.schedule import SCHEDULE_KINDS
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineOptions:
+    """Tuning of the rewrite. Fields:
+
+    schedule: "dapple" (early backward, 1F1B), "gpipe", "zb-h1" or "zb-h2" (zero bubble); None: the plan's,
+        else "dapple".
+    recompute: re-computation (GPipe's re-materialization, recompute.py): True, False or a list of stage
+        indices; None: the plan's choice, else none.
+    batch_norm: "per_slice" (each replica's slice of a micro-batch normalized with its own statistics) or
+        "sync" (a replicated stage's batch norms use the whole micro-batch's statistics: sync_batch_norm.py;
+        per-sample normalizations such as LayerNormalization are told apart: normalization.py).
+    allreduce_bucket_bytes: gradients are all-reduced in buckets of at least this many bytes, last layers
+        first, overlapping the last micro-batch's backward; None: 25 MiB (planner.formats.constants
+        ALLREDUCE_BUCKET_BYTES, what the planner's cost model assumes); 0: one bucket per variable.
+    stage_functions: True builds each stage once, as functions called per micro-batch and replica
+        (stage_function.py; a stage it does not cover is imported per clone: PipelineHandle.function_fallbacks):
+        the graph and the first step no longer grow with the model's ops times M, at some step time and
+        activation memory. False imports every stage per micro-batch and replica. None: functions when the
+        clones would hold more than stage_function.AUTO_CLONED_OPS operations.
+    cross_process_reduce: sums gradients across processes after the in-process AllReduce
+        (gradients.reduce_and_pair; dapple_tf.frontends.horovod passes it).
+    """
+
+    schedule: Optional[str] = None
+    recompute: Union[None, bool, Sequence[int]] = None
+    batch_norm: str = "per_slice"
+    allreduce_bucket_bytes: Optional[int] = None
+    stage_functions: Optional[bool] = None
+    cross_process_reduce: Optional[Callable] = None
+
+    def __post_init__(self):
+        if self.batch_norm not in BATCH_NORM_MODES:
+            raise DappleError(f"batch_norm must be one of {BATCH_NORM_MODES}, got {self.batch_norm!r}")
+        if self.schedule is not None and self.schedule not in SCHEDULE_KINDS:
+            raise PlanError(f"unknown schedule {self.schedule!r}; expected one of {SCHEDULE_KINDS}")
+        if self.allreduce_bucket_bytes is not None and self.allreduce_bucket_bytes < 0:
+            raise DappleError(f"allreduce_bucket_bytes must be >= 0, got {self.allreduce_bucket_bytes}")
