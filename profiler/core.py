@@ -37,6 +37,7 @@ j produced. Analysis of the graph: profiler/analysis.py.
 """
 
 import collections
+import dataclasses
 import os
 from typing import Callable, Optional
 
@@ -104,6 +105,48 @@ def _variable_dependent_ops(graph):
     return _dependent_ops(graph, {v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)})
 
 
+@dataclasses.dataclass(frozen=True)
+class _Timing:
+    """How each run is timed: `warmup` untimed runs, then the median of `runs` on `clock`, less the probe's."""
+
+    warmup: int
+    runs: int
+    clock: str
+
+    def ms(self, sess, target, probe, feed) -> float:
+        return net_run_ms(sess, target, probe, feed, self.warmup, self.runs, self.clock)
+
+
+@dataclasses.dataclass
+class _ModelGraph:
+    """The model built once for profiling: its layers, their backward targets and the whole-step targets."""
+
+    graph: tf.Graph
+    input_tensors: list
+    infos: list
+    backward: list
+    weight_only: set
+    step_grads: list
+    step_target: "_AccumulatedStep"
+    init: tf.Operation
+
+
+@dataclasses.dataclass
+class _LayerRun:
+    """What profiling one layer shares with the others: the session, timing and every boundary value."""
+
+    sess: tf.compat.v1.Session
+    probe: object
+    timing: _Timing
+    values: dict
+    model_inputs: set
+    weight_only: set
+    rng: np.random.Generator
+    device: str
+    step_memory: bool
+    counted: set = dataclasses.field(default_factory=set)  # kept tensors already counted by an earlier layer
+
+
 def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch_size: int,
                   device: str = "/device:CPU:0", warmup: int = 2, runs: int = 5, model_name: str = "model",
                   progress: Optional[Callable] = None, seed: int = 0, clock: str = "wall",
@@ -120,6 +163,35 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
     layer's backward_working_bytes (profiler/memory.py). Raises LayerMarkerError (a ValueError) for
     a model that breaks the marker contract and ValueError for an unavailable device.
     """
+    model = _build_model_graph(model_fn, make_inputs, device, seed, layers)
+    base_feed = dict(zip(model.input_tensors, tf.nest.flatten(input_values)))
+    timing = _Timing(warmup, runs, clock)
+    profile = layer_cost_pb2.LayerCostProfile(model_name=model_name, batch_size=batch_size,
+                                              source=f"dapple_tf profiler, {warmup} warm-up + median of {runs} runs")
+    with tf.compat.v1.Session(graph=model.graph, config=session_config(device, threads)) as sess:
+        attrs = _check_device(sess, device)
+        profile.device.CopyFrom(_device_description(attrs, device))
+        sess.run(model.init)
+        probe = overhead_probe(model.graph, device)
+        boundary = {t.name: t for info in model.infos for t in info.inputs + info.outputs}
+        names = sorted(boundary)
+        values = dict(zip(names, sess.run([boundary[n] for n in names], feed_dict=base_feed)))
+        run = _LayerRun(sess, probe, timing, values, {t.name for t in model.input_tensors}, model.weight_only,
+                        np.random.default_rng(seed), device, step_memory)
+        for info, bwd in zip(model.infos, model.backward):
+            layer = _profile_layer(profile, run, info, bwd, model.infos)
+            if progress:
+                progress(info.index + 1, len(model.infos), layer)
+        sess.run(tf.compat.v1.variables_initializer(model.step_target.accumulators))
+        profile.step_ms = timing.ms(sess, model.step_target.ops, probe, base_feed)
+        if step_memory:
+            profile.step_peak_bytes = step_peak_bytes(sess, model.step_grads, base_feed, device,
+                                                      sum(layer.parameter_bytes for layer in profile.layers))
+    return profile
+
+
+def _build_model_graph(model_fn, make_inputs, device, seed, layers) -> _ModelGraph:
+    """Builds the model once at the profile batch on `device`, with each layer's backward and the whole step."""
     graph = tf.Graph()
     with graph.as_default(), tf.device(device):
         tf.compat.v1.set_random_seed(seed)
@@ -141,64 +213,53 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
         backward = _build_backward(infos)
         trainable = tf.compat.v1.trainable_variables()
         pairs = [(g, v) for g, v in zip(tf.gradients(loss, trainable), trainable) if g is not None]
-        step_grads = [g for g, _ in pairs]
         step_target = _AccumulatedStep(pairs)
         init = tf.compat.v1.global_variables_initializer()
-    base_feed = dict(zip(input_tensors, tf.nest.flatten(input_values)))
+    return _ModelGraph(graph, input_tensors, infos, backward, weight_only, [g for g, _ in pairs], step_target, init)
 
-    profile = layer_cost_pb2.LayerCostProfile(model_name=model_name, batch_size=batch_size,
-                                              source=f"dapple_tf profiler, {warmup} warm-up + median of {runs} runs")
-    with tf.compat.v1.Session(graph=graph, config=session_config(device, threads)) as sess:
-        attrs = _check_device(sess, device)
-        profile.device.CopyFrom(_device_description(attrs, device))
-        sess.run(init)
-        probe = overhead_probe(graph, device)
-        boundary = {t.name: t for info in infos for t in info.inputs + info.outputs}
-        model_inputs = {t.name for t in input_tensors}
-        names = sorted(boundary)
-        values = dict(zip(names, sess.run([boundary[n] for n in names], feed_dict=base_feed)))
-        rng = np.random.default_rng(seed)
-        counted = set()  # kept tensors already counted by an earlier layer
-        for info, bwd in zip(infos, backward):
-            feed = {t: values[t.name] for t in info.inputs}
-            fwd_target = sorted({t.op for t in info.outputs}, key=lambda op: op.name)  # run, not fetched
-            fwd_ms = net_run_ms(sess, fwd_target, probe, feed, warmup, runs, clock) if fwd_target else 0.0
-            bwd_ms = bwd_input_ms = kept = working = 0.0
-            if bwd is not None:
-                target, fed_forward, grad_ys, read_inputs, weight_grad_bytes, input_target = bwd
-                forward_values = sess.run(fed_forward, feed_dict=feed) if fed_forward else []
-                # Kept for backward: the activations this layer's gradient ops read, each counted once.
-                read = list(zip(fed_forward, forward_values)) + [(t, values[t.name]) for t in read_inputs]
-                kept_now = {t.name: v.nbytes for t, v in read
-                            if t.op.name not in weight_only and t.name not in model_inputs and t.name not in counted}
-                counted.update(kept_now)
-                kept = float(sum(kept_now.values()))
-                bwd_feed = dict(zip(fed_forward, forward_values))
-                bwd_feed.update(feed)
-                for ph, out in grad_ys:
-                    bwd_feed[ph] = (rng.standard_normal(values[out.name].shape) * 1e-3).astype(ph.dtype.as_numpy_dtype)
-                bwd_ms = net_run_ms(sess, target, probe, bwd_feed, warmup, runs, clock)
-                if input_target:
-                    bwd_input_ms = min(net_run_ms(sess, input_target, probe, bwd_feed, warmup, runs, clock), bwd_ms)
-                if step_memory:
-                    working = max(backward_working_bytes(sess, target, probe, bwd_feed, device) - weight_grad_bytes, 0.0)
-            layer = profile.layers.add(
-                name=info.name, index=info.index, description=_describe(info),
-                forward_ms=fwd_ms, backward_ms=bwd_ms, backward_input_ms=bwd_input_ms, backward_kept_bytes=kept, backward_working_bytes=working,
-                input_bytes=float(sum(values[t.name].nbytes for t in info.inputs if t.name in model_inputs)),
-                activation_bytes=float(sum(values[t.name].nbytes for t in info.outputs)),
-                parameter_bytes=float(sum(tensor_bytes(v) for v in info.variables)),
-                inputs=[infos[j].name for j in info.input_layers])
-            if len(info.outputs) > 1:
-                layer.output_activation_bytes.extend(float(values[t.name].nbytes) for t in info.outputs)
-            if progress:
-                progress(info.index + 1, len(infos), layer)
-        sess.run(tf.compat.v1.variables_initializer(step_target.accumulators))
-        profile.step_ms = net_run_ms(sess, step_target.ops, probe, base_feed, warmup, runs, clock)
-        if step_memory:
-            profile.step_peak_bytes = step_peak_bytes(sess, step_grads, base_feed, device,
-                                                      sum(layer.parameter_bytes for layer in profile.layers))
-    return profile
+
+def _profile_layer(profile, run: _LayerRun, info, bwd, infos):
+    """Times layer `info`'s forward and backward, measures its memory, and adds its LayerCost to `profile`."""
+    values, model_inputs = run.values, run.model_inputs
+    feed = {t: values[t.name] for t in info.inputs}
+    fwd_target = sorted({t.op for t in info.outputs}, key=lambda op: op.name)  # run, not fetched
+    fwd_ms = run.timing.ms(run.sess, fwd_target, run.probe, feed) if fwd_target else 0.0
+    bwd_ms, bwd_input_ms, kept, working = _profile_backward(run, bwd, feed) if bwd is not None else (0.0,) * 4
+    layer = profile.layers.add(
+        name=info.name, index=info.index, description=_describe(info),
+        forward_ms=fwd_ms, backward_ms=bwd_ms, backward_input_ms=bwd_input_ms, backward_kept_bytes=kept,
+        backward_working_bytes=working,
+        input_bytes=float(sum(values[t.name].nbytes for t in info.inputs if t.name in model_inputs)),
+        activation_bytes=float(sum(values[t.name].nbytes for t in info.outputs)),
+        parameter_bytes=float(sum(tensor_bytes(v) for v in info.variables)),
+        inputs=[infos[j].name for j in info.input_layers])
+    if len(info.outputs) > 1:
+        layer.output_activation_bytes.extend(float(values[t.name].nbytes) for t in info.outputs)
+    return layer
+
+
+def _profile_backward(run: _LayerRun, bwd: "_Backward", feed):
+    """(backward ms, input-gradient ms, kept bytes, working bytes) of one layer's backward."""
+    values = run.values
+    forward_values = run.sess.run(bwd.fed_forward, feed_dict=feed) if bwd.fed_forward else []
+    # Kept for backward: the activations this layer's gradient ops read, each counted once.
+    read = list(zip(bwd.fed_forward, forward_values)) + [(t, values[t.name]) for t in bwd.read_inputs]
+    kept_now = {t.name: v.nbytes for t, v in read
+                if t.op.name not in run.weight_only and t.name not in run.model_inputs and t.name not in run.counted}
+    run.counted.update(kept_now)
+    kept = float(sum(kept_now.values()))
+    bwd_feed = dict(zip(bwd.fed_forward, forward_values))
+    bwd_feed.update(feed)
+    for ph, out in bwd.grad_ys:
+        bwd_feed[ph] = (run.rng.standard_normal(values[out.name].shape) * 1e-3).astype(ph.dtype.as_numpy_dtype)
+    bwd_ms = run.timing.ms(run.sess, bwd.target, run.probe, bwd_feed)
+    bwd_input_ms = working = 0.0
+    if bwd.input_target:
+        bwd_input_ms = min(run.timing.ms(run.sess, bwd.input_target, run.probe, bwd_feed), bwd_ms)
+    if run.step_memory:
+        working = max(backward_working_bytes(run.sess, bwd.target, run.probe, bwd_feed, run.device)
+                      - bwd.weight_grad_bytes, 0.0)
+    return bwd_ms, bwd_input_ms, kept, working
 
 
 class _AccumulatedStep:

@@ -30,24 +30,18 @@ def run_main(main):
         raise
 
 
+def reject_arguments(argv) -> None:
+    """ValueError naming the positional arguments after the program's name (the programs take none)."""
+    if len(argv) > 1:
+        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+
+
 def split_cpu(num_devices: int):
     """Splits the process's CPU into `num_devices` virtual devices (/device:CPU:0..n-1); call it
     before TensorFlow initialises its devices."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from dapple_tf.cluster.servers import split_cpu as split  # pylint: disable=import-outside-toplevel
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
-
-
-def write_rows(path, rows, log=print) -> None:
-    """A benchmark's rows (a list of dicts) as JSON at `path` (nothing when `path` is empty)."""
-    import json  # pylint: disable=import-outside-toplevel
-
-    if not path:
-        return
-    with open(path, "w") as f:
-        json.dump(rows, f, indent=1)
-    log(f"wrote {path}")
+    split(num_devices)
 
 
 def shared_profiles(folder=None) -> str:

@@ -17,7 +17,7 @@ import time
 from absl import flags
 
 from dapple_tf.model import user_model
-from scripts.cli import run_main
+from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Reference model name (see models/): mlp, vgg19, resnet50, bert, gnmt.")
@@ -43,8 +43,7 @@ flags.DEFINE_bool("profile_memory", False,
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    reject_arguments(argv)
     if bool(FLAGS.model) == bool(FLAGS.model_fn):
         raise ValueError("give --model (mlp, vgg19, resnet50, bert, gnmt) or --model_fn=package.module:function")
     if not FLAGS.output:

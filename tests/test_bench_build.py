@@ -1,4 +1,4 @@
-"""scripts/bench_build: rows for plain TF and every M of both rewrites, with the keys issue 23 asks for (a tiny
+"""scripts/bench/build.py: rows for plain TF and every M of both rewrites, with the keys issue 23 asks for (a tiny
 BERT); stage functions add fewer operations per micro-batch than clones."""
 
 import json
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 def test_bench_build_rows(tmp_path):
     out = tmp_path / "build.json"
-    result = run_program("bench_build", "--model_flags=num_layers=2,hidden=16,heads=2,ffn=32",
+    result = run_program("bench.build", "--model_flags=num_layers=2,hidden=16,heads=2,ffn=32",
                          "--global_batch_size=8", "--num_stages=2", "--micro_batches=1,2", "--steps=1",
                          "--rewrites=functions,clones",
                          f"--json={out}", timeout=300)

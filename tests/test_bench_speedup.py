@@ -1,4 +1,4 @@
-"""scripts/bench_speedup: its rows (JSON keys, plans, numbers that make sense), its trace files, and its
+"""scripts/bench/speedup.py: its rows (JSON keys, plans, numbers that make sense), its trace files, and its
 process handling (nothing left running). Correctness, not timing: a tiny MLP and two steps per plan."""
 
 import json
@@ -30,7 +30,7 @@ def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
     before = _ours()
     out, traces = tmp_path / "rows.json", tmp_path / "traces"
     result = run_program(
-        "bench_speedup", "--model=mlp", "--model_flags=input_dim=32,hidden=64:64:64:64,num_classes=4",
+        "bench.speedup", "--model=mlp", "--model_flags=input_dim=32,hidden=64:64:64:64,num_classes=4",
         "--global_batch_size=32", "--num_workers=2", "--micro_batches=1,4", "--steps=2",
         "--plans=single,dp2,straight2-M4,gpipe2-M4,planner", f"--json={out}", f"--trace_dir={traces}",
         f"--profile_dir={tmp_path / 'profiles'}", timeout=600)
@@ -55,6 +55,6 @@ def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
 
 
 def test_one_worker_is_refused():
-    result = run_program("bench_speedup", "--num_workers=1", timeout=120)
+    result = run_program("bench.speedup", "--num_workers=1", timeout=120)
     assert result.returncode == 1
     assert "--num_workers=1: a speedup needs at least 2 workers" in result.stderr

@@ -14,7 +14,7 @@ from tests.programs import run_program
 @pytest.mark.slow
 def test_table5_pattern(tmp_path):
     out = tmp_path / "memory.json"
-    result = run_program("bench_pipeline_memory", "--micro_batches=2,4,16", f"--json={out}", timeout=600)
+    result = run_program("bench.pipeline_memory", "--micro_batches=2,4,16", f"--json={out}", timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = {(r["schedule"], r["recompute"], r["M"]): r for r in json.loads(out.read_text())}
     assert len(rows) == 12, sorted(rows)

@@ -12,7 +12,7 @@ from tests.programs import run_program
 @pytest.mark.slow
 def test_estimated_peak_within_25_percent_of_measured(tmp_path):
     out = tmp_path / "rows.json"
-    r = run_program("bench_planner_memory", "--models=mlp,vgg19,gnmt", f"--json={out}")
+    r = run_program("bench.planner_memory", "--models=mlp,vgg19,gnmt", f"--json={out}")
     assert r.returncode == 0, r.stderr
     rows = json.load(open(out))
     assert [row["model"] for row in rows] == ["mlp", "vgg19", "gnmt"]

@@ -1,5 +1,6 @@
-"""The planner's memory model (planner/planning/memory_model.py): kept bytes from a step memory figure,
-from measured kept bytes, or the output-bytes lower bound (with a warning)."""
+"""The planner's memory model (planner/planning/memory_model.py) and the kept bytes it counts
+(planner/formats/memory_figures.py): from a step memory figure, from measured kept bytes, or the output-bytes lower
+bound (with a warning)."""
 
 import warnings
 
@@ -8,8 +9,8 @@ import pytest
 from planner.planning import cost_model as cm
 from planner.planning.api import MemoryLowerBoundWarning, PlanningError, plan
 from planner.formats.cluster import make_cluster, preset_cluster
-from planner.planning.memory_model import (MemoryInputError, kept_bytes_per_sample, parse_size, side_file_memory,
-                                  stage_working_bytes)
+from planner.formats.memory_figures import MemoryInputError, kept_bytes_per_sample, parse_size, side_file_memory
+from planner.planning.memory_model import stage_working_bytes
 from planner.formats.model_profile import ModelProfile
 from planner.formats.profile import load_profile
 from planner.formats import plan_pb2

@@ -7,7 +7,7 @@ import pytest
 
 from planner.planning import cost_model as cm
 from planner.formats.cluster import make_cluster, preset_cluster
-from planner.planning.dapple_planner import search
+from planner.planning.dapple_planner import SearchInput, search
 from planner.planning.plan_eval import Options
 from planner.formats.model_profile import ModelProfile
 from planner.formats.profile import load_profile
@@ -60,8 +60,9 @@ def _compare(model, cluster, gbs, sizes):
     opts = Options()
     out = []
     for mbs in sizes:
-        fast = search(model, prefix, cluster, gbs, mbs, opts, prune=True)
-        full = search(model, prefix, cluster, gbs, mbs, opts, prune=False)
+        problem = SearchInput(model, prefix, cluster, gbs, mbs, opts)
+        fast = search(problem, prune=True)
+        full = search(problem, prune=False)
         out.append((mbs, fast and round(fast.latency, 6), full and round(full.latency, 6)))
     return out
 

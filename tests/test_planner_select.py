@@ -13,7 +13,7 @@ from planner.planning.dapple_planner import TopK, coarsen_cuts, replication_cand
 from planner.planning.plan_eval import Estimate, Options
 from planner.formats.model_profile import ModelProfile
 from planner.formats.profile import load_profile
-from planner.planning.memory_model import parse_size
+from planner.formats.memory_figures import parse_size
 from planner.planning.report import summarize
 from planner.formats.schedule import schedule_kind
 from planner.planning.schedule_choice import weigh_schedules

@@ -37,7 +37,7 @@ def test_output_only_activations_never_run_out_of_memory():
 
 
 def test_script_prints_the_table():
-    result = run_program("bench_schedule_memory", "--micro_batches=2,3,16", timeout=120)
+    result = run_program("bench.schedule_memory", "--micro_batches=2,3,16", timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[1].split()[:4] == ["schedule", "M", "K", "samples/s"]

@@ -9,8 +9,8 @@ import tensorflow as tf
 
 import dapple_tf
 from dapple_tf.trace import timeline
-from planner.simulation.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER, KIND_SEND_ACTIVATION, KIND_WEIGHT,
-                               KIND_SEND_GRADIENT, simulate)
+from planner.simulation.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER,
+                                          KIND_SEND_ACTIVATION, KIND_SEND_GRADIENT, KIND_WEIGHT, simulate)
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, cpu
 

@@ -173,6 +173,30 @@ def worker_placement(num_tasks: int, cores_per_worker: int, log=print) -> List[T
     return [worker_cores(i, cores_per_worker) for i in range(num_tasks)]
 
 
+def _supervise(cluster, chief: "_Process", workers: List["_Process"], stopping: list, grace_s: float, log) -> int:
+    """Waits for the chief to end, a signal (in `stopping`), or a worker to die and the chief not to stop within
+    `grace_s`; returns dapple_launch's exit code."""
+    failed_at = None
+    while True:
+        code = chief.poll()
+        if code is not None:
+            if code < 0:
+                log(f"dapple_launch: the chief ({cluster.chief}) {describe_exit(code)}")
+            return 1 if failed_at is not None or code < 0 else code
+        if stopping:
+            log(f"dapple_launch: {signal.Signals(stopping[0]).name}: stopping every task")
+            return 128 + stopping[0]
+        dead = [(i, w.poll()) for i, w in enumerate(workers) if w.poll() not in (None, 0)]  # 0: chief finished
+        if dead and failed_at is None:
+            for i, code in dead:
+                log(f"dapple_launch: worker task {i} ({cluster.workers[i]}) {describe_exit(code)}")
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+            log(f"dapple_launch: the chief did not stop within {grace_s:g} s of the failure: stopping it")
+            return 1
+        time.sleep(0.1)
+
+
 def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], grace_s: float = 10.0,
               log=print, cores_per_worker: int = 0, threads=None) -> int:
     """Runs the local cluster and the chief command; returns the exit code for dapple_launch.
@@ -212,25 +236,7 @@ def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], gra
                 f"inter {threads.inter_op})")
         chief = _Process("chief", chief_args, dict(base_env, TF_CONFIG=cluster.tf_config("chief", 0)))
         log(f"dapple_launch: chief (pid {chief.popen.pid}): {' '.join(command)}")
-        failed_at = None
-        while True:
-            code = chief.poll()
-            if code is not None:
-                if code < 0:
-                    log(f"dapple_launch: the chief ({cluster.chief}) {describe_exit(code)}")
-                return 1 if failed_at is not None or code < 0 else code
-            if stopping:
-                log(f"dapple_launch: {signal.Signals(stopping[0]).name}: stopping every task")
-                return 128 + stopping[0]
-            dead = [(i, w.poll()) for i, w in enumerate(workers) if w.poll() not in (None, 0)]  # 0: chief finished
-            if dead and failed_at is None:
-                for i, code in dead:
-                    log(f"dapple_launch: worker task {i} ({cluster.workers[i]}) {describe_exit(code)}")
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > grace_s:
-                log(f"dapple_launch: the chief did not stop within {grace_s:g} s of the failure: stopping it")
-                return 1
-            time.sleep(0.1)
+        return _supervise(cluster, chief, workers, stopping, grace_s, log)
     finally:
         if chief and chief.poll() is not None:  # workers end with their chief (its lease): give them a moment
             deadline = time.monotonic() + 3

@@ -138,6 +138,13 @@ class WorkerThreads:
         return config
 
 
+def split_cpu(num_devices: int) -> None:
+    """Splits this process's CPU into `num_devices` virtual devices (/device:CPU:0..n-1); call it before
+    TensorFlow initialises its devices."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+
+
 def usable_cores() -> Tuple[int, ...]:
     """The cores this process may run on (all of them where the platform has no CPU affinity)."""
     if hasattr(os, "sched_getaffinity"):

@@ -1,2 +1,1 @@
-"""Front-ends over build_pipeline: tf.estimator, the Trainer loop and the Horovod backend.
-"""
+"""Front-ends over build_pipeline: tf.estimator, the Trainer loop and the Horovod backend."""

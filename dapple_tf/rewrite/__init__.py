@@ -1,7 +1,8 @@
 """The rewrite: from a user's single-device model and a plan to a DAPPLE pipelined graph.
 
 `pipeline.build_pipeline` runs the passes in this order (paper section 5):
-1. template (template.py): the model built once on placeholders, cut into stages by its layers;
+1. template (template.py, layout.py): the model built once on placeholders, cut into stages by its layers;
+   the plan resolved against it (layout.PipelineLayout) is what the later passes read of the plan;
 2. forward (stage_builder.py, graph_defs.py, stage_function.py, variable_reads.py, recompute.py): each stage
    per micro-batch and replica, as imported clones or as calls of functions defined once;
 3. split/concat (microbatch.py, replicas.py): slices of the batch and of activations between stages of

@@ -125,23 +125,23 @@ def warn_unrun_assigns(created: Set[tf.Operation], run: Set[tf.Operation], batch
     )
 
 
-def warn_per_micro_batch(norms: Sequence[tf.Operation], updates: "UpdateOps", replication: Sequence[int],
-                          micro_batch_size: int, num_micro_batches: int, sync: bool) -> None:
-    """Warns when batch statistics are not the global batch's: per micro-batch, or per replica's slice."""
+def warn_per_micro_batch(norms: Sequence[tf.Operation], updates: "UpdateOps", layout, sync: bool) -> None:
+    """Warns when batch statistics are not the global batch's: per micro-batch, or per replica's slice
+    (`layout`: the build's layout.PipelineLayout)."""
     if not norms and not updates.update_ops:
         return
     stages = {updates.stage_of[op] for op in norms} | {extra.stage for extra in updates.statistics.values()}
-    sliced = not sync and any(replication[s] > 1 for s in stages)
-    if num_micro_batches == 1 and not sliced:
+    sliced = not sync and any(layout.stages[s].replication > 1 for s in stages)
+    if layout.num_micro_batches == 1 and not sliced:
         return
     named = [op.name for op in norms] or [op.name for op in updates.update_ops]
     shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
     if sliced:
-        where = (f"each micro-batch slice with its own statistics (micro-batches of {micro_batch_size} samples, split "
-                 "further across a stage's replicas; batch_norm='sync' joins the replicas' slices)")
+        where = (f"each micro-batch slice with its own statistics (micro-batches of {layout.micro_batch_size} "
+                 "samples, split further across a stage's replicas; batch_norm='sync' joins the replicas' slices)")
     else:
         together = ", all replicas of a stage together (batch_norm='sync')" if sync else ""
-        where = f"each micro-batch ({micro_batch_size} samples{together}) with its own statistics"
+        where = f"each micro-batch ({layout.micro_batch_size} samples{together}) with its own statistics"
     warnings.warn(
         f"batch normalization in training mode ({shown}) normalizes {where}, not the global batch's; the moving "
         "averages are updated once per step from the mean of those statistics",
@@ -287,16 +287,15 @@ def _unfollowed(analysis: normalization.SampleAxes, tensor: tf.Tensor) -> str:
     return f"{tensor.op.name} ({tensor.op.type})"
 
 
-def prepare(template, created: Set[tf.Operation], micro_batch_size: int, num_micro_batches: int = 1,
-            sync: bool = False) -> UpdateOps:
+def prepare(template, created: Set[tf.Operation], layout, sync: bool = False) -> UpdateOps:
     """The UpdateOps of the UPDATE_OPS model_fn `created`, their statistics added to the stages' clone outputs
     (template.StageTemplate.extra_outputs); warns about per-micro-batch statistics and about assignments
     nothing runs; with `sync`, records the batch statistics of replicated stages to synchronize
     (`synchronized`: per stage, name -> None for a fused norm or (rank, axes) for a Mean) and refuses
-    update ops reading statistics that are not synchronized."""
+    update ops reading statistics that are not synchronized. `layout`: the build's layout.PipelineLayout."""
     graph = template.stages[0].ops[0].graph
     stage_ops = [st.ops for st in template.stages]
-    replication = [st.stage.replication for st in template.stages]
+    replication = layout.replication
     placeholders = [graph.get_tensor_by_name(name).op for name in template.inputs]
     update_ops = model_update_ops(graph, created)
     updates = UpdateOps(update_ops, stage_ops, placeholders)
@@ -326,7 +325,7 @@ def prepare(template, created: Set[tf.Operation], micro_batch_size: int, num_mic
             updates.synchronized[s][op.name] = _reduction(op)
         _refuse_unproven(analysis, stage_ops, replication)
         _check_synchronized(updates, analysis, {n for names in updates.synchronized for n in names}, replication)
-    warn_per_micro_batch(norms, updates, replication, micro_batch_size, num_micro_batches, sync)
+    warn_per_micro_batch(norms, updates, layout, sync)
     run = {op for ops in stage_ops for op in ops} | set(update_ops) | _collected_ops(
         graph, tf.compat.v1.GraphKeys.UPDATE_OPS)
     warn_unrun_assigns(created, run, analysis.batch_dependent)

@@ -3,7 +3,8 @@
 Passes, in order (paper section 5):
 1. template: call model_fn once, on placeholders like the global batch with an unknown batch
    size, with layer markers recorded; each layer's variables are created on its stage's first
-   device (template.py cuts it into stages);
+   device (template.py cuts it into stages); the plan resolved against it is the PipelineLayout
+   (layout.py: stages, M, micro-batch size, schedule, re-computation) the later passes read;
 2. forward: per micro-batch and stage replica, import the stage's operations under the replica's
    device, fed by slices of the inputs and of earlier stages' outputs (microbatch.py);
 3. backward: stage by stage in reverse, per micro-batch and replica, `tf.gradients` of the clone
@@ -15,15 +16,17 @@ Passes, in order (paper section 5):
 """
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
 
-from dapple_tf.rewrite import (batch_norm as batch_norm_lib, collectives, gradients, microbatch, outputs as outputs_lib, random_ops, recompute as recompute_lib, template as template_lib)
+from dapple_tf.rewrite import (batch_norm as batch_norm_lib, collectives, gradients, outputs as outputs_lib,
+                               random_ops, template as template_lib)
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model.graph_mode import require_graph_mode
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
+from dapple_tf.rewrite.layout import PipelineLayout
 from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.rewrite.replicas import VariableCopies, canonical_device
 from dapple_tf.model.scopes import ScopeLayers
@@ -108,12 +111,53 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     Returns a PipelineHandle.
     """
     require_graph_mode("build_pipeline")
+    options, plan = _check_inputs(optimizer, plan, options)
+    graph = tf.compat.v1.get_default_graph()
+    template, created = _trace_template(graph, model_fn, features, labels, plan, layers)
+    layout = PipelineLayout.of(plan, template, options.schedule, options.recompute)
+    random_ops.warn_per_slice(template.stages, layout)
+    trainable = set(tf.compat.v1.trainable_variables())
+    keys = collectives.CollectiveKeys(graph)
+    copies = VariableCopies()
+    sync = options.batch_norm == batch_norm_lib.SYNC
+    updates = batch_norm_lib.prepare(template, created, layout, sync)
+    builder = StageBuilder(graph, template, layout, copies, trainable, sync_keys=keys if sync else None,
+                           stage_functions=options.stage_functions, sync_statistics=updates.synchronized)
+    builder.build_forward()
+    builder.build_backward()
+    builder.chain()
+    extra_outputs = builder.extra_outputs()
+    update_ops = updates.build(builder.combined, layout.stages[-1].devices[0])
+    with tf.device(layout.stages[-1].devices[0]):
+        loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
+    train_op, grads_and_vars, allreduce_op_names = _reduce_and_apply(
+        graph, builder, copies, keys, optimizer, options, global_step, update_ops)
+    initializer, local_init, broadcast = _initializers(graph, copies, optimizer)
+    return PipelineHandle(
+        train_op=train_op,
+        loss=loss_mean,
+        grads_and_vars=grads_and_vars,
+        schedule=layout.schedule,
+        stages=layout.stages,
+        micro_batch_size=layout.micro_batch_size,
+        initializer=initializer,
+        local_init_op=local_init,
+        broadcast_op=broadcast,
+        task_op_names=builder.task_op_names(),
+        input_gradient_op_names=builder.task_op_names(input_gradients=True),
+        outputs=extra_outputs,
+        update_ops=update_ops,
+        allreduce_op_names=allreduce_op_names,
+        function_fallbacks=dict(builder.function_fallbacks),
+    )
+
+
+def _check_inputs(optimizer, plan, options: Optional[PipelineOptions]) -> Tuple[PipelineOptions, Plan]:
+    """The options (default PipelineOptions()) and the plan, its devices spelled canonically and checked."""
     options = options or PipelineOptions()
     if not isinstance(options, PipelineOptions):
         raise DappleError(f"options must be a dapple_tf.PipelineOptions, got {type(options).__name__}")
     plan = _as_plan(plan)
-    schedule = options.schedule or plan.schedule_kind or "dapple"
-    batch_norm, recompute, stage_functions = options.batch_norm, options.recompute, options.stage_functions
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise DappleError(
             f"optimizer must be a tf.compat.v1.train.Optimizer (graph mode), got {type(optimizer).__name__}"
@@ -125,7 +169,13 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
         )
     plan = plan.with_devices(canonical_device)  # one spelling per device: duplicates are caught
     _check_devices(plan.devices)
-    graph = tf.compat.v1.get_default_graph()
+    return options, plan
+
+
+def _trace_template(graph: tf.Graph, model_fn, features, labels, plan: Plan, layers
+                    ) -> Tuple[template_lib.Template, Set[tf.Operation]]:
+    """model_fn called once on placeholders like the global batch, with its layers recorded, cut into the
+    plan's stages (template.py). Returns the template and the operations model_fn created."""
     structure = (features, labels)
     flat = [None if t is None else tf.convert_to_tensor(t) for t in tf.nest.flatten(structure)]
     inputs = template_lib.template_inputs([t for t in flat if t is not None])
@@ -133,7 +183,6 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     template_features, template_labels = tf.nest.pack_sequence_as(
         structure, [None if t is None else placeholder_of.get(t.name, t) for t in flat]
     )
-
     if layers is not None and not isinstance(layers, ScopeLayers):
         raise DappleError(f"layers must be None (markers) or dapple_tf.layers_by_scope(...), got {layers!r}")
     placer = _LayerPlacer(plan)
@@ -148,39 +197,16 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
         recorder.drop_layers_unused_by(loss)
     if not loss.dtype.is_floating:
         raise DappleError(f"model_fn must return a floating-point loss, got {loss.dtype.name} {loss.name}")
+    created = set(graph.get_operations()[first_model_op:])
     stages = plan.resolve(recorder.names)
     variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
-    template = template_lib.analyze(loss, inputs, recorder.layers, stages, variables, extras)
-    if plan.global_batch_size and plan.global_batch_size != template.global_batch_size:
-        raise PlanError(
-            f"{plan.source}: the plan is for a global batch of {plan.global_batch_size} but the features hold "
-            f"{template.global_batch_size} samples"
-        )
-    micro_size = microbatch.micro_batch_size(
-        template.global_batch_size, plan.num_micro_batches, [s.replication for s in stages]
-    )
-    sched = plan.schedule(schedule)
-    random_ops.warn_per_slice(template.stages, plan.num_micro_batches)
-    trainable = set(tf.compat.v1.trainable_variables())
+    return template_lib.analyze(loss, inputs, recorder.layers, stages, variables, extras), created
 
-    keys = collectives.CollectiveKeys(graph)
-    copies = VariableCopies()
-    sync = batch_norm == batch_norm_lib.SYNC
-    updates = batch_norm_lib.prepare(template, set(graph.get_operations()[first_model_op:]), micro_size,
-                                     plan.num_micro_batches, sync)
-    again = recompute_lib.stages_to_recompute(recompute, plan.recompute, len(stages))
-    builder = StageBuilder(graph, template, micro_size, plan.num_micro_batches, copies, trainable, again,
-                           sync_keys=keys if sync else None, stage_functions=stage_functions,
-                           sync_statistics=updates.synchronized)
-    builder.build_forward(sched)
-    builder.build_backward(sched)
-    builder.chain(sched)
-    extra_outputs = builder.extra_outputs()
-    update_ops = updates.build(builder.combined, stages[-1].devices[0])
 
-    with tf.device(stages[-1].devices[0]):
-        loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
-
+def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCopies, keys, optimizer,
+                      options: PipelineOptions, global_step, update_ops: List[tf.Operation]):
+    """AllReduce of the accumulated gradients (gradients.py), then the optimizer's step on every copy.
+    Returns (train_op, the averaged gradients and variables, the names of the all-reduce operations)."""
     # The first collective on every device waits for the stale-copy check, so a failing check stops the
     # step with its own message, not with the collectives it would otherwise cancel mid-flight.
     stale_copy_check = copies.stale_copy_check()
@@ -194,29 +220,18 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     with tf.control_dependencies([stale_copy_check]):
         apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
     train_op = tf.group(apply_op, *update_ops, name="dapple_train") if update_ops else apply_op
+    return train_op, grads_and_vars, allreduce_op_names
+
+
+def _initializers(graph: tf.Graph, copies: VariableCopies, optimizer):
+    """(initializer, local_init_op, broadcast_op) of the PipelineHandle; the local init joins LOCAL_INIT_OP."""
     slot_pairs = copies.localize_slots(optimizer)
     broadcast = copies.broadcast_op(slot_pairs)
     local_init = _after_local_init(copies, slot_pairs, "dapple_local_init")
     with tf.control_dependencies([tf.compat.v1.global_variables_initializer()]):
         initializer = _after_local_init(copies, slot_pairs, "dapple_initializer")
     graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_INIT_OP, local_init)
-    return PipelineHandle(
-        train_op=train_op,
-        loss=loss_mean,
-        grads_and_vars=grads_and_vars,
-        schedule=sched,
-        stages=stages,
-        micro_batch_size=micro_size,
-        initializer=initializer,
-        local_init_op=local_init,
-        broadcast_op=broadcast,
-        task_op_names=builder.task_op_names(),
-        input_gradient_op_names=builder.task_op_names(input_gradients=True),
-        outputs=extra_outputs,
-        update_ops=update_ops,
-        allreduce_op_names=allreduce_op_names,
-        function_fallbacks=dict(builder.function_fallbacks),
-    )
+    return initializer, local_init, broadcast
 
 
 def _after_local_init(copies: VariableCopies, slot_pairs, name: str) -> tf.Operation:

@@ -23,10 +23,11 @@ class RandomOpsWarning(UserWarning):
     """Random ops draw per micro-batch slice: training equals one device in distribution, not in numbers."""
 
 
-def warn_per_slice(stages: Sequence, num_micro_batches: int) -> None:
-    """Warns naming the random ops of stages (template.StageTemplate) whose batch is split (M > 1 or replicas)."""
-    named = [op.name for st in stages if num_micro_batches > 1 or st.stage.replication > 1
-             for op in st.ops if op.type in RANDOM_OP_TYPES]
+def warn_per_slice(stages: Sequence, layout) -> None:
+    """Warns naming the random ops of stages (template.StageTemplate) whose batch is split (M > 1 or replicas);
+    `layout`: the build's layout.PipelineLayout."""
+    split = [layout.num_micro_batches > 1 or stage.replication > 1 for stage in layout.stages]
+    named = [op.name for st, s in zip(stages, split) if s for op in st.ops if op.type in RANDOM_OP_TYPES]
     if not named:
         return
     shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")

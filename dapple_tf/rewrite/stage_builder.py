@@ -25,12 +25,14 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf.rewrite import (collectives, graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib, recompute as recompute_lib, stage_function, sync_batch_norm, tasks)
+from dapple_tf.rewrite import (collectives, graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib,
+                               recompute as recompute_lib, stage_function, sync_batch_norm, tasks)
 from dapple_tf.errors import DappleError
 from dapple_tf.rewrite.gradients import GradientAccumulator
+from dapple_tf.rewrite.layout import PipelineLayout
 from dapple_tf.rewrite.replicas import VariableCopies
 from dapple_tf.rewrite.template import BOUNDARY, EXTERNAL, INPUT, VARIABLE, Template
-from planner.formats.schedule import BACKWARD, FORWARD, Schedule, Task
+from planner.formats.schedule import BACKWARD, FORWARD, Task
 
 
 @dataclasses.dataclass
@@ -75,27 +77,24 @@ class StageBuilder:
         self,
         graph: tf.Graph,
         template: Template,
-        micro_batch_size: int,
-        num_micro_batches: int,
+        layout: PipelineLayout,
         copies: VariableCopies,
         trainable: set,
-        recompute: Sequence[bool] = (),
         sync_keys: collectives.CollectiveKeys = None,
         stage_functions: bool = None,
         sync_statistics: Sequence[Dict[str, object]] = None,
     ):
-        """sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys;
+        """layout: the stages' slices, M, the schedule and which stages recompute;
+        sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys;
         sync_statistics: per stage, the batch statistics to synchronize (batch_norm.prepare's `synchronized`;
         None: every training-mode fused norm).
         stage_functions: build stages as functions (stage_function.py) where they can be: True, False, or None
         (when the clones would be large)."""
         self.graph = graph
         self.template = template
-        self.micro_batch_size = micro_batch_size
-        self.num_micro_batches = num_micro_batches
+        self.layout = layout
         self.copies = copies
         self.trainable = trainable
-        self.recompute = tuple(recompute) or (False,) * len(template.stages)
         self._graph_defs: List[graph_defs_lib.StageGraphDef] = []
         self.task_ops = tasks.TaskOps(graph)
         self.clones: Dict[Tuple[int, int, int], _Clone] = {}
@@ -104,7 +103,7 @@ class StageBuilder:
         # (stage, micro-batch, replica, output name) -> [(first row, gradient piece)] per consumer stage
         self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, tf.Tensor]]]] = {}
         self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
-        self._sizes = [microbatch.slice_sizes(micro_batch_size, st.stage.replication) for st in template.stages]
+        self._sizes = [layout.slice_sizes(s) for s in range(len(template.stages))]
         self._sync_keys = sync_keys
         self._sync_statistics = sync_statistics
         self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
@@ -116,9 +115,9 @@ class StageBuilder:
 
     # -- forward ---------------------------------------------------------------------------
     def _micro_batch_inputs(self) -> List[Dict[str, tf.Tensor]]:
-        b = self.micro_batch_size
+        b = self.layout.micro_batch_size
         per_micro = []
-        for m in range(self.num_micro_batches):
+        for m in range(self.layout.num_micro_batches):
             slices = {}
             for name, t in self.template.inputs.items():
                 with tf.device(t.device or None), tf.name_scope(f"dapple/inputs/mb{m}"):
@@ -126,7 +125,7 @@ class StageBuilder:
             per_micro.append(slices)
         return per_micro
 
-    def build_forward(self, schedule: Schedule) -> None:
+    def build_forward(self) -> None:
         # Variable copies first, so that no task captures their creation.
         for stage in self.template.stages:
             for ext in stage.externals:
@@ -136,19 +135,19 @@ class StageBuilder:
                         self.copies.handle_for(variable, device)
         graph_defs = graph_defs_lib.stage_graph_defs(self.graph, [st.ops for st in self.template.stages])
         seeds = random.Random()  # for unseeded random ops of recomputed stages, like TF's own choice
-        for s, again in enumerate(self.recompute):
+        for s, again in enumerate(self.layout.recompute):
             if again:
                 recompute_lib.check_repeatable(graph_defs[s], s)
                 graph_defs[s] = recompute_lib.with_fixed_seeds(graph_defs[s], seeds)
         if self._sync_keys is not None:
             self._synchronize_batch_norms(graph_defs)
         self._graph_defs = graph_defs
-        if stage_function.use_functions(self._stage_functions, self.template.stages, self.num_micro_batches):
+        if stage_function.use_functions(self._stage_functions, self.template.stages, self.layout.num_micro_batches):
             self._define_functions(graph_defs)
-        imported = self._imported_micro_batches(schedule)
+        imported = self._imported_micro_batches()
         micro_inputs = self._micro_batch_inputs()
         n = self.template.global_batch_size
-        for m in range(self.num_micro_batches):
+        for m in range(self.layout.num_micro_batches):
             for s, stage in enumerate(self.template.stages):
                 sizes = self._sizes[s]
                 sync_base = self._sync_base(s)
@@ -184,20 +183,20 @@ class StageBuilder:
                             self.weighted_losses.append(clone.loss * weight)
                     self.clones[(s, m, j)] = clone
 
-    def _imported_micro_batches(self, schedule: Schedule) -> set:
+    def _imported_micro_batches(self) -> set:
         """(stage, micro-batch) imported per clone even where the stage is a function: a replicated stage's last
         backward, whose gradients are all-reduced bucket by bucket as soon as each is ready (gradients.py); a
         function call returns all its outputs at once, at its end."""
         imported = set()
         for s, stage in enumerate(self.template.stages):
-            backward = [t.micro_batch for t in schedule.stage_tasks[s] if t.kind == BACKWARD]
+            backward = [t.micro_batch for t in self.layout.schedule.stage_tasks[s] if t.kind == BACKWARD]
             if s in self._functions and len(stage.stage.devices) > 1 and backward:
                 imported.add((s, backward[-1]))
         return imported
 
     def _define_functions(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
         for s, stage in enumerate(self.template.stages):
-            reason = stage_function.unsupported_reason(graph_defs[s], self.recompute[s],
+            reason = stage_function.unsupported_reason(graph_defs[s], self.layout.recompute[s],
                                                        self._keys_per_clone_group[s] > 0)
             if reason is not None:
                 self.function_fallbacks[s] = reason
@@ -266,17 +265,18 @@ class StageBuilder:
         sizes = self._sizes[s] if s >= 0 else ()
         per_clone = {
             (m, j): self.clones[(s, m, j)].extras[extra.tensor.name]
-            for m in range(self.num_micro_batches)
+            for m in range(self.layout.num_micro_batches)
             for j in range(len(sizes))
         }
         devices = self.template.stages[s].stage.devices if s >= 0 else ()
-        return outputs_lib.combine(extra, per_clone, sizes, self.num_micro_batches, devices, self.template.inputs)
+        return outputs_lib.combine(extra, per_clone, sizes, self.layout.num_micro_batches, devices,
+                                   self.template.inputs)
 
     # -- backward --------------------------------------------------------------------------
-    def build_backward(self, schedule: Schedule) -> None:
+    def build_backward(self) -> None:
         stages = self.template.stages
         for s in reversed(range(len(stages))):
-            order = [t.micro_batch for t in schedule.stage_tasks[s] if t.kind == BACKWARD]
+            order = [t.micro_batch for t in self.layout.schedule.stage_tasks[s] if t.kind == BACKWARD]
             for m in order:
                 for j, device in enumerate(stages[s].stage.devices):
                     with self.task_ops.capture(Task(s, BACKWARD, m), j), tf.device(device):
@@ -352,7 +352,7 @@ class StageBuilder:
     def _clone_gradients(self, s, m, j, clone, output_grads, loss_weight, boundary, trainable):
         """`tf.gradients` of an imported clone (or of its recomputed twin): ({input name: gradient},
         {handle name: gradient}), or (None, None) when there is nothing to differentiate."""
-        if self.recompute[s]:
+        if self.layout.recompute[s]:
             clone = self._recomputed(s, m, j)
         ys, grad_ys = [], []
         for name, out in clone.outputs.items():
@@ -405,7 +405,8 @@ class StageBuilder:
         return sums[0] if len(sums) == 1 else tf.add_n(sums)
 
     # -- schedule --------------------------------------------------------------------------
-    def chain(self, schedule: Schedule) -> None:
+    def chain(self) -> None:
+        schedule = self.layout.schedule
         self.task_ops.release_forward_inputs()
         if schedule.splits_backward:  # B and W are tasks of their own (zero bubble)
             for key in [key for key in self.task_ops.ops if key[0].kind == BACKWARD]:

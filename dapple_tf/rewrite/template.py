@@ -107,6 +107,157 @@ def template_inputs(real_inputs: Sequence[tf.Tensor]) -> Dict[str, tf.Tensor]:
     return placeholders
 
 
+@dataclasses.dataclass
+class _Graph:
+    """What the cut looks up about the template graph."""
+
+    stage_of_layer: Dict[int, int]  # layer index -> stage index
+    layer_of_op: Dict[tf.Operation, int]
+    input_ops: Set[tf.Operation]
+    input_names: Set[str]
+    batch_dependent: Set[tf.Operation]  # ops computed from the inputs
+    handle_names: Dict[str, tf.Variable]  # variable handle tensor name -> variable
+
+
+def _lookups(graph: tf.Graph, inputs: Dict[str, tf.Tensor], layers: Sequence[LayerRecord],
+             stages: Sequence[ResolvedStage], variables: Sequence[tf.Variable]) -> _Graph:
+    stage_of_layer = {}
+    for stage in stages:
+        for index in range(stage.first_layer, stage.last_layer + 1):
+            stage_of_layer[index] = stage.index
+    input_ops = {graph.get_tensor_by_name(name).op for name in inputs}
+    return _Graph(
+        stage_of_layer=stage_of_layer,
+        layer_of_op={op: record.index for record in layers for op in record.ops},
+        input_ops=input_ops,
+        input_names=set(inputs),
+        batch_dependent=_op_set_reachable_from(list(input_ops)),
+        handle_names={v.handle.name: v for v in variables if hasattr(v, "handle")},
+    )
+
+
+def _check_loss(loss: tf.Tensor, layers: Sequence[LayerRecord], g: _Graph) -> None:
+    if loss.op not in g.layer_of_op:
+        raise LayerMarkerError(f"the loss {loss.name} is computed outside any dapple_tf.layer; compute it in the last layer")
+    if g.layer_of_op[loss.op] != len(layers) - 1:
+        raise LayerMarkerError(
+            f"the loss must be computed in the last layer {layers[-1].name!r}; it comes from layer "
+            f"{layers[g.layer_of_op[loss.op]].name!r}"
+        )
+
+
+def _stage_ops(loss: tf.Tensor, pulled: Sequence[outputs_lib.ExtraOutput], num_stages: int,
+               g: _Graph) -> List[Set[tf.Operation]]:
+    """Walks back from the loss (data and control inputs): every op the loss needs, stopping at
+    inputs, variables, shared resources (lookup tables) and input-independent ops outside the
+    layers. Ops outside the layers that read variables are cloned into each stage using them,
+    so that every replica reads its own variable copy. The `pulled` extra outputs' ops join the
+    stage that pulls them."""
+    reads_variables = _op_set_reachable_from([op for op in loss.graph.get_operations() if op.type in _VARIABLE_OPS])
+    stage_ops: List[Set[tf.Operation]] = [set() for _ in range(num_stages)]
+    # The loss's walk comes first (on top of the stack): ops outside the layers on its path are errors.
+    stack = [(e.tensor.op, e.stage, True) for e in pulled] + [(loss.op, num_stages - 1, False)]
+    while stack:
+        op, pulling_stage, for_extra = stack.pop()
+        if op.type in _REF_VARIABLE_OPS:
+            raise DappleError(
+                f"{op.name} is a reference variable; dapple_tf needs resource variables "
+                "(call tf.compat.v1.enable_resource_variables() before building the model)"
+            )
+        if op in g.input_ops or op.type in _VARIABLE_OPS or _is_shared_resource(op, g.batch_dependent):
+            continue
+        if op in g.layer_of_op:
+            s = g.stage_of_layer[g.layer_of_op[op]]
+        elif op in g.batch_dependent and for_extra:
+            s = pulling_stage
+        elif op in g.batch_dependent:
+            raise LayerMarkerError(
+                f"operation {op.name} ({op.type}) computes from the model inputs outside any dapple_tf.layer "
+                "marker; put it inside a layer"
+            )
+        elif op in reads_variables:
+            s = pulling_stage
+        else:
+            continue  # EXTERNAL: depends on neither the inputs nor a variable
+        if op in stage_ops[s]:
+            continue
+        stage_ops[s].add(op)
+        stack.extend((t.op, s, for_extra) for t in op.inputs)
+        stack.extend((c, s, for_extra) for c in op.control_inputs)
+    return stage_ops
+
+
+def _check_control_edges(stage_ops: Sequence[Set[tf.Operation]], stage_of_op: Dict[tf.Operation, int]) -> None:
+    for s, ops in enumerate(stage_ops):
+        for op in ops:
+            for c in op.control_inputs:
+                if c not in ops and c in stage_of_op:
+                    raise DappleError(
+                        f"{op.name} (stage {s}) has a control dependency on {c.name} (stage {stage_of_op[c]}); "
+                        "control dependencies cannot cross stage boundaries"
+                    )
+
+
+def _boundary(op: tf.Operation, t: tf.Tensor, s: int, producer: int, g: _Graph) -> ExternalTensor:
+    """`t`, produced by stage `producer`, consumed by `op` of stage `s`."""
+    if producer > s:
+        raise LayerMarkerError(
+            f"{op.name} in stage {s} consumes {t.name} from the later stage {producer}; "
+            "layers must be marked in the order they compute"
+        )
+    major = t.op in g.batch_dependent
+    if major and t.shape.rank is not None and (t.shape.rank == 0 or t.shape[0] is not None):
+        raise DappleError(
+            f"{t.name} (shape {t.shape}) crosses from stage {producer} to stage {s} and depends on the "
+            "batch, but its first dimension is not the batch (a statistic over the batch, or a "
+            "hard-coded batch size); micro-batches cannot be split there: move the stage boundary"
+        )
+    return ExternalTensor(t, BOUNDARY, producer_stage=producer, batch_major=major)
+
+
+def _externals(s: int, ordered: Sequence[tf.Operation], ops: Set[tf.Operation], stage_of_op: Dict[tf.Operation, int],
+               g: _Graph, outputs_of_stage: List[Dict[str, tf.Tensor]]) -> List[ExternalTensor]:
+    """What stage `s` (its `ops`, `ordered` by creation) consumes from outside; each BOUNDARY tensor is
+    added to its producer's `outputs_of_stage`."""
+    externals: Dict[str, ExternalTensor] = {}
+    for op in ordered:
+        for t in op.inputs:
+            if t.op in ops or t.name in externals:
+                continue
+            if t.name in g.input_names:
+                externals[t.name] = ExternalTensor(t, INPUT)
+            elif t.op.type in _VARIABLE_OPS:
+                if t.name not in g.handle_names:
+                    raise DappleError(f"{op.name} reads {t.op.name}, which is not a variable of this graph")
+                externals[t.name] = ExternalTensor(t, VARIABLE)
+            elif t.op in stage_of_op:
+                externals[t.name] = _boundary(op, t, s, stage_of_op[t.op], g)
+                outputs_of_stage[stage_of_op[t.op]][t.name] = t
+            else:
+                externals[t.name] = ExternalTensor(t, EXTERNAL, batch_major=False)
+    return list(externals.values())
+
+
+def _stage_templates(stages: Sequence[ResolvedStage], stage_ops: List[Set[tf.Operation]],
+                     g: _Graph) -> List[StageTemplate]:
+    stage_of_op = {op: s for s, ops in enumerate(stage_ops) for op in ops if op in g.layer_of_op}
+    _check_control_edges(stage_ops, stage_of_op)
+    templates = []
+    outputs_of_stage: List[Dict[str, tf.Tensor]] = [dict() for _ in stages]
+    for s, stage in enumerate(stages):
+        if not stage_ops[s]:
+            raise DappleError(
+                f"stage {s} (layers {stage.layer_names[0]!r}..{stage.layer_names[-1]!r}) computes nothing the loss "
+                "depends on"
+            )
+        ordered = sorted(stage_ops[s], key=lambda op: op._id)  # creation order
+        externals = _externals(s, ordered, stage_ops[s], stage_of_op, g, outputs_of_stage)
+        templates.append(StageTemplate(stage=stage, ops=ordered, externals=externals, outputs=[]))
+    for s, template in enumerate(templates):
+        template.outputs = list(outputs_of_stage[s].values())
+    return templates
+
+
 def analyze(
     loss: tf.Tensor,
     inputs: Dict[str, tf.Tensor],
@@ -125,117 +276,16 @@ def analyze(
     if loss.shape.rank != 0:
         raise DappleError(f"the model must return a scalar loss (a mean over the batch), got {loss.name} {loss.shape}")
     batch = _global_batch_size(list(inputs.values()))
-    graph = loss.graph
-    stage_of_layer = {}
-    for stage in stages:
-        for index in range(stage.first_layer, stage.last_layer + 1):
-            stage_of_layer[index] = stage.index
-    layer_of_op = {op: record.index for record in layers for op in record.ops}
-    input_ops = {graph.get_tensor_by_name(name).op for name in inputs}
-    input_names = set(inputs)
-    batch_dependent = _op_set_reachable_from(list(input_ops))
-    handle_names = {v.handle.name: v for v in variables if hasattr(v, "handle")}
-
-    if loss.op not in layer_of_op:
-        raise LayerMarkerError(f"the loss {loss.name} is computed outside any dapple_tf.layer; compute it in the last layer")
-    if layer_of_op[loss.op] != len(layers) - 1:
-        raise LayerMarkerError(
-            f"the loss must be computed in the last layer {layers[-1].name!r}; it comes from layer "
-            f"{layers[layer_of_op[loss.op]].name!r}"
-        )
-
-    # Walk back from the loss (data and control inputs): every op the loss needs, stopping at
-    # inputs, variables, shared resources (lookup tables) and input-independent ops outside the
-    # layers. Ops outside the layers that read variables are cloned into each stage using them,
-    # so that every replica reads its own variable copy.
-    reads_variables = _op_set_reachable_from([op for op in graph.get_operations() if op.type in _VARIABLE_OPS])
-    stage_ops: List[Set[tf.Operation]] = [set() for _ in stages]
+    g = _lookups(loss.graph, inputs, layers, stages, variables)
+    _check_loss(loss, layers, g)
     extra_outputs = [
-        outputs_lib.classify(name, t, input_names, batch_dependent) for name, t in (extras or {}).items()
+        outputs_lib.classify(name, t, g.input_names, g.batch_dependent) for name, t in (extras or {}).items()
     ]
     pulled = [e for e in extra_outputs if e.kind in (outputs_lib.BATCH, outputs_lib.MEAN)]
     for extra in pulled:
-        extra.stage = stage_of_layer[layer_of_op[extra.tensor.op]] if extra.tensor.op in layer_of_op else len(stages) - 1
-    # The loss's walk comes first (on top of the stack): ops outside the layers on its path are errors.
-    stack = [(e.tensor.op, e.stage, True) for e in pulled] + [(loss.op, len(stages) - 1, False)]
-    while stack:
-        op, pulling_stage, for_extra = stack.pop()
-        if op.type in _REF_VARIABLE_OPS:
-            raise DappleError(
-                f"{op.name} is a reference variable; dapple_tf needs resource variables "
-                "(call tf.compat.v1.enable_resource_variables() before building the model)"
-            )
-        if op in input_ops or op.type in _VARIABLE_OPS or _is_shared_resource(op, batch_dependent):
-            continue
-        if op in layer_of_op:
-            s = stage_of_layer[layer_of_op[op]]
-        elif op in batch_dependent and for_extra:
-            s = pulling_stage
-        elif op in batch_dependent:
-            raise LayerMarkerError(
-                f"operation {op.name} ({op.type}) computes from the model inputs outside any dapple_tf.layer "
-                "marker; put it inside a layer"
-            )
-        elif op in reads_variables:
-            s = pulling_stage
-        else:
-            continue  # EXTERNAL: depends on neither the inputs nor a variable
-        if op in stage_ops[s]:
-            continue
-        stage_ops[s].add(op)
-        stack.extend((t.op, s, for_extra) for t in op.inputs)
-        stack.extend((c, s, for_extra) for c in op.control_inputs)
-
-    stage_of_op = {op: s for s, ops in enumerate(stage_ops) for op in ops if op in layer_of_op}
-    for s, ops in enumerate(stage_ops):
-        for op in ops:
-            for c in op.control_inputs:
-                if c not in ops and c in stage_of_op:
-                    raise DappleError(
-                        f"{op.name} (stage {s}) has a control dependency on {c.name} (stage {stage_of_op[c]}); "
-                        "control dependencies cannot cross stage boundaries"
-                    )
-    templates = []
-    outputs_of_stage: List[Dict[str, tf.Tensor]] = [dict() for _ in stages]
-    for s, stage in enumerate(stages):
-        if not stage_ops[s]:
-            raise DappleError(
-                f"stage {s} (layers {stage.layer_names[0]!r}..{stage.layer_names[-1]!r}) computes nothing the loss "
-                "depends on"
-            )
-        ordered = sorted(stage_ops[s], key=lambda op: op._id)  # creation order
-        externals: Dict[str, ExternalTensor] = {}
-        for op in ordered:
-            for t in op.inputs:
-                if t.op in stage_ops[s] or t.name in externals:
-                    continue
-                if t.name in input_names:
-                    externals[t.name] = ExternalTensor(t, INPUT)
-                elif t.op.type in _VARIABLE_OPS:
-                    if t.name not in handle_names:
-                        raise DappleError(f"{op.name} reads {t.op.name}, which is not a variable of this graph")
-                    externals[t.name] = ExternalTensor(t, VARIABLE)
-                elif t.op in stage_of_op:
-                    producer = stage_of_op[t.op]
-                    if producer > s:
-                        raise LayerMarkerError(
-                            f"{op.name} in stage {s} consumes {t.name} from the later stage {producer}; "
-                            "layers must be marked in the order they compute"
-                        )
-                    major = t.op in batch_dependent
-                    if major and t.shape.rank is not None and (t.shape.rank == 0 or t.shape[0] is not None):
-                        raise DappleError(
-                            f"{t.name} (shape {t.shape}) crosses from stage {producer} to stage {s} and depends on the "
-                            "batch, but its first dimension is not the batch (a statistic over the batch, or a "
-                            "hard-coded batch size); micro-batches cannot be split there: move the stage boundary"
-                        )
-                    externals[t.name] = ExternalTensor(t, BOUNDARY, producer_stage=producer, batch_major=major)
-                    outputs_of_stage[producer][t.name] = t
-                else:
-                    externals[t.name] = ExternalTensor(t, EXTERNAL, batch_major=False)
-        templates.append(StageTemplate(stage=stage, ops=ordered, externals=list(externals.values()), outputs=[]))
-    for s, template in enumerate(templates):
-        template.outputs = list(outputs_of_stage[s].values())
+        layer = g.layer_of_op.get(extra.tensor.op)
+        extra.stage = g.stage_of_layer[layer] if layer is not None else len(stages) - 1
+    templates = _stage_templates(stages, _stage_ops(loss, pulled, len(stages), g), g)
     templates[-1].loss = loss
     for extra in pulled:
         templates[extra.stage].extra_outputs.append(extra.tensor)
@@ -243,6 +293,6 @@ def analyze(
         stages=templates,
         inputs=dict(inputs),
         global_batch_size=batch,
-        variable_of_handle=handle_names,
+        variable_of_handle=g.handle_names,
         extras=extra_outputs,
     )

@@ -36,8 +36,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from dapple_tf.rewrite.replicas import canonical_device
 from planner.simulation import gantt as gantt_lib, trace as trace_lib
 from planner.formats.schedule import FORWARD, WEIGHT
-from planner.simulation.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER, KIND_SEND_ACTIVATION,
-                               KIND_SEND_GRADIENT, KIND_WEIGHT, Event, SimulationResult, StageCost)
+from planner.simulation.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER,
+                                          KIND_SEND_ACTIVATION, KIND_SEND_GRADIENT, KIND_WEIGHT, Event,
+                                          SimulationResult, StageCost)
 
 _BOOKKEEPING = frozenset({"Const", "HostConst", "VarHandleOp", "ReadVariableOp", "NoOp", "Identity", "Shape", "ShapeN",
                           "Size", "Rank"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional
 
+from planner.formats.memory_figures import kept_bytes_per_sample
 from planner.formats.profile import LayerCostProfile, validate_profile
 
 INPUT_PREFIX = "Input"
@@ -35,7 +36,7 @@ class ModelProfile:
     last_use[i] = the largest consumer index (or i when unused).
     Input nodes (is_input) stay in the layer list (plans name them) but cost nothing: no compute,
     no kept bytes, and their tensors cross no cut (the runtime feeds them to their consumers).
-    kept_bytes: what each layer keeps for its backward (planner/planning/memory_model.py); memory_source
+    kept_bytes: what each layer keeps for its backward (planner/formats/memory_figures.py); memory_source
     says where it came from ("step", "measured" or "lower_bound"). input_bytes: the model inputs a
     layer reads directly (the profile's input_bytes; an Input node's bytes go to its first consumer).
     working_bytes: per-sample backward working memory (the profile's backward_working_bytes; 0 when
@@ -79,9 +80,7 @@ class ModelProfile:
         """`step_memory_bytes`: one training step's memory at the profile batch size (e.g. the
         paper's Table 1 figure); defaults to the profile's step_peak_bytes (0: none). The profiler's
         own step (step_peak_bytes with measured kept bytes; not a `.memory` side file's figure, which
-        may be the paper's) is read in time (memory_model.kept_bytes_per_sample)."""
-        from planner.planning.memory_model import kept_bytes_per_sample  # pylint: disable=import-outside-toplevel
-
+        may be the paper's) is read in time (memory_figures.kept_bytes_per_sample)."""
         profile = validate_profile(profile)
         bs = float(profile.batch_size)
         layers = list(profile.layers)

@@ -36,6 +36,7 @@ import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from planner.formats import SchemaError, layer_cost_pb2, read_message
+from planner.formats.memory_figures import SIDE_FILE_SUFFIX, MemoryInputError, side_file_memory
 
 LayerCostProfile = layer_cost_pb2.LayerCostProfile
 
@@ -195,6 +196,28 @@ def parse_pipedream(text: str, path: str = "<string>", batch_size: Optional[int]
     none gives one, or if the header and the file name disagree.
     """
     header = _header(text, path)
+    batch_size = _profile_batch_size(header, path, batch_size)
+    layers, order, edges = _nodes_and_edges(text, path)
+    inputs, edge_line = _layer_inputs(layers, order, edges, path)
+    try:
+        topo = topological_order(order, inputs)
+    except ValueError as e:
+        cycle = str(e)[len("cycle: "):].split(" -> ")
+        line_no = edge_line.get((cycle[0], cycle[1]), 0)
+        raise ProfileError(f"{path}:{line_no}: {e}") from None
+    model_name = header.get("model_name") or model_name_from_path(path)
+    profile = LayerCostProfile(model_name=model_name, batch_size=batch_size, source=path,
+                               step_ms=float(header.get("step_ms", 0.0)))
+    for index, name in enumerate(topo):
+        layer = profile.layers.add()
+        layer.CopyFrom(layers[name])
+        layer.index = index
+        layer.inputs.extend(inputs[name])
+    return profile
+
+
+def _profile_batch_size(header: Dict[str, str], path: str, batch_size: Optional[int]) -> int:
+    """`batch_size`, else the header's, else the file name's (see parse_pipedream)."""
     in_header = int(header["batch_size"]) if "batch_size" in header else None
     in_name = batch_size_from_name(path)
     if in_header is not None and in_name is not None and in_header != in_name:
@@ -208,6 +231,11 @@ def parse_pipedream(text: str, path: str = "<string>", batch_size: Optional[int]
         )
     if batch_size < 1:
         raise ProfileError(f"{path}:0: profile batch size must be >= 1, got {batch_size}")
+    return batch_size
+
+
+def _nodes_and_edges(text: str, path: str):
+    """({name: layer}, node names in file order, [(src, dst, line)]) of the text's node and edge lines."""
     layers: Dict[str, layer_cost_pb2.LayerCost] = {}
     node_line: Dict[str, int] = {}
     order: List[str] = []
@@ -229,6 +257,11 @@ def parse_pipedream(text: str, path: str = "<string>", batch_size: Optional[int]
         order.append(layer.name)
     if not layers:
         raise ProfileError(f"{path}:0: no nodes in profile")
+    return layers, order, edges
+
+
+def _layer_inputs(layers, order: List[str], edges: List[Tuple[str, str, int]], path: str):
+    """({layer: its inputs in edge order}, {(src, dst): line}); ProfileError on a bad edge."""
     inputs: Dict[str, List[str]] = {n: [] for n in order}
     edge_line: Dict[Tuple[str, str], int] = {}
     for src, dst, line_no in edges:
@@ -241,21 +274,7 @@ def parse_pipedream(text: str, path: str = "<string>", batch_size: Optional[int]
             raise ProfileError(f"{path}:{line_no}: duplicate edge {src} -- {dst}")
         inputs[dst].append(src)
         edge_line[(src, dst)] = line_no
-    try:
-        topo = topological_order(order, inputs)
-    except ValueError as e:
-        cycle = str(e)[len("cycle: "):].split(" -> ")
-        line_no = edge_line.get((cycle[0], cycle[1]), 0)
-        raise ProfileError(f"{path}:{line_no}: {e}") from None
-    model_name = header.get("model_name") or model_name_from_path(path)
-    profile = LayerCostProfile(model_name=model_name, batch_size=batch_size, source=path,
-                               step_ms=float(header.get("step_ms", 0.0)))
-    for index, name in enumerate(topo):
-        layer = profile.layers.add()
-        layer.CopyFrom(layers[name])
-        layer.index = index
-        layer.inputs.extend(inputs[name])
-    return profile
+    return inputs, edge_line
 
 
 def read_pipedream(path: str, batch_size: Optional[int] = None) -> LayerCostProfile:
@@ -309,11 +328,9 @@ def format_pipedream(profile: LayerCostProfile) -> str:
 
 def write_pipedream(profile: LayerCostProfile, path: str) -> None:
     """Writes format_pipedream(profile) to `path` (ProfileError on I/O failure), and the step memory,
-    which the text has no place for, to the side file `<path>.memory` (planner/planning/memory_model.py).
+    which the text has no place for, to the side file `<path>.memory` (planner/formats/memory_figures.py).
     Per-layer kept and input bytes are not written: the step memory stands for them; nor the input-gradient
     times (backward_input_ms): write .pbtxt/.pb/.json to keep them."""
-    from planner.planning.memory_model import SIDE_FILE_SUFFIX  # pylint: disable=import-outside-toplevel
-
     text = format_pipedream(profile)
     try:
         with open(path, "w", encoding="utf-8") as f:
@@ -381,8 +398,6 @@ def load_profile(path: str, batch_size: Optional[int] = None) -> LayerCostProfil
         if batch_size is not None:
             profile.batch_size = batch_size
         return validate_profile(profile, path)
-    from planner.planning.memory_model import MemoryInputError, side_file_memory  # pylint: disable=import-outside-toplevel
-
     profile = read_pipedream(path, batch_size=batch_size)
     try:
         step = side_file_memory(path)

@@ -15,7 +15,7 @@ baseline's best, and returns the lowest simulated time (ties: lower L). Skipped 
 more than LARGE_CLUSTER_DEVICES devices (the simulator is too slow for the time target).
 
 Memory: Options.profile_memory (or the profile's step_peak_bytes) gives the model's memory at the
-profile batch size (planner/planning/memory_model.py); without either the planner warns, once per call
+profile batch size (planner/formats/memory_figures.py); without either the planner warns, once per call
 (MemoryLowerBoundWarning), that its memory figures are a lower bound.
 """
 
@@ -26,13 +26,17 @@ from typing import Dict, List, Optional, Sequence
 
 from planner.planning import baselines
 from planner.planning import cost_model as cm
-from planner.planning.dapple_planner import LARGE_CLUSTER_DEVICES, LARGE_PREPASS_CUTS, TopK, candidate_cuts, search
-from planner.planning.memory_model import LOWER_BOUND_NOTE, MemoryInputError, parse_size
+from planner.planning.dapple_planner import (LARGE_CLUSTER_DEVICES, LARGE_PREPASS_CUTS, SearchInput, SearchSpace, TopK,
+                                            candidate_cuts, search)
+from planner.planning.memory_model import LOWER_BOUND_NOTE
 from planner.planning.plan_eval import Estimate, Options, evaluate, single_device_ms, to_plan
+from planner.planning.schedule_choice import weigh_schedules
+from planner.formats.memory_figures import MemoryInputError, parse_size
 from planner.formats.model_profile import ModelProfile
 from planner.formats.profile import LayerCostProfile
 from planner.formats.schedule import SCHEDULE_KINDS
 from planner.formats import plan_pb2
+from planner.simulation.sim_adapter import disagreement_text, simulate_plan
 
 PLANNERS = ("dapple", "dp", "dp_overlap", "straight", "gpipe", "pipedream")
 BASELINES = PLANNERS[1:]
@@ -78,7 +82,8 @@ def micro_batch_sizes(global_batch_size: int, requested: Optional[Sequence[int]]
 
 def _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l=float("inf"), top=None) -> Optional[Estimate]:
     if name == "dapple_prepass":
-        return search(model, prefix, cluster, gbs, mbs, options, best_latency=best_l, max_cuts=LARGE_PREPASS_CUTS)
+        return search(SearchInput(model, prefix, cluster, gbs, mbs, options), SearchSpace(max_cuts=LARGE_PREPASS_CUTS),
+                      best_latency=best_l)
     if name == "dp":
         return baselines.data_parallel(model, prefix, cluster, gbs, mbs, options, overlap=False)
     if name == "dp_overlap":
@@ -90,7 +95,7 @@ def _run_one(name, model, prefix, cluster, gbs, mbs, options, best_l=float("inf"
     if name == "pipedream":
         return baselines.pipedream(model, prefix, cluster, gbs, mbs, options)
     if name == "dapple":
-        return search(model, prefix, cluster, gbs, mbs, options, best_latency=best_l, top=top)
+        return search(SearchInput(model, prefix, cluster, gbs, mbs, options), best_latency=best_l, top=top)
     raise PlanningError(f"unknown planner {name!r}; expected one of {', '.join(PLANNERS)} or all")
 
 
@@ -192,9 +197,6 @@ def choose_by_simulation(candidates: Sequence[Estimate], model, cluster, global_
                          link_contention: bool = False, schedules: Sequence[str] = ("dapple",)):
     """(the candidate with the lowest simulated iteration time, {id(candidate): simulated ms}); each candidate
     runs the fastest of `schedules` that fits (planner/planning/schedule_choice.py)."""
-    from planner.planning.schedule_choice import weigh_schedules  # pylint: disable=import-outside-toplevel
-    from planner.simulation.sim_adapter import simulate_plan  # pylint: disable=import-outside-toplevel
-
     sims = {}
     for est in candidates:
         proto = to_plan(est, model, cluster, global_batch_size, "dapple")
@@ -227,57 +229,67 @@ def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dap
             best = f"the model fits no {name} plan in memory: {detail}" if detail else "no plan"
         results[name] = best
     if "dapple" in names:
-        # dp (no overlap) costs a slower runtime than the real one: not a DAPPLE plan.
-        base = [r for k, r in results.items() if isinstance(r, Estimate) and k != "dp"]
-        floor = min((r.latency for r in base), default=float("inf"))
-        seed = None
-        full_sizes = sizes
-        if cluster.num_servers * cluster.devices_per_server > LARGE_CLUSTER_DEVICES:
-            # Large clusters: a coarse pass over every size first; its best plan bounds the full
-            # search, which refines that plan's micro-batch size only (an approximation, like the
-            # rest of the large-cluster search: dapple_planner.py).
-            seed, _ = best_estimate("dapple_prepass", model, prefix, cluster, global_batch_size, opts, sizes, floor)
-            floor = seed.latency if seed is not None else floor
-            full_sizes = [seed.micro_batch_size] if seed is not None else sizes
-        use_sim = opts.select == "simulation" and cluster.num_servers * cluster.devices_per_server <= LARGE_CLUSTER_DEVICES
-        top = PerSizeTop(SIM_CANDIDATES) if use_sim else None
-        best, bad = best_estimate("dapple", model, prefix, cluster, global_batch_size, opts, full_sizes,
-                                  float("inf") if use_sim else floor, top)
-        best = best or seed
-        large = cluster.num_servers * cluster.devices_per_server > LARGE_CLUSTER_DEVICES
-        if opts.recompute is None and not use_sim and not (large and best is not None):
-            # Re-computation (issue 12): every stage keeps only its boundary inputs per in-flight
-            # micro-batch and recomputes its forward in its backward. Searched when no plan fits
-            # without it, and otherwise over the micro-batch sizes larger than the best plan's only,
-            # bounded by its L: RC adds time, so it wins only where those sizes do not fit without it.
-            # (Searching every size tripled GNMT-16's planning time; Options(recompute=True) searches
-            # only RC plans.)
-            rc_opts = Options(**{**opts.__dict__, "recompute": True})
-            incumbent = best or min(base, key=lambda r: r.latency, default=None)
-            if incumbent is None:
-                best, _ = best_estimate("dapple", model, prefix, cluster, global_batch_size, rc_opts, sizes, floor)
-            else:
-                larger = [size for size in sizes if size > incumbent.micro_batch_size]
-                faster, _ = best_estimate("dapple", model, prefix, cluster, global_batch_size, rc_opts, larger,
-                                          incumbent.latency) if larger else (None, None)
-                if faster is not None and faster.latency < incumbent.latency:
-                    best = faster
-        if use_sim and (top.plans or base):
-            best, simulated = choose_by_simulation(top.plans + base, model, cluster, global_batch_size,
-                                                   opts.link_contention, opts.schedules)
-        if best is None and base:
-            best = min(base, key=lambda r: r.latency)
-        if best is None:
-            detail = memory_error(model, prefix, cluster, opts, sizes, global_batch_size)
-            if not detail:
-                detail = bad.violation if bad is not None else "; ".join(
-                    str(r) for r in results.values() if isinstance(r, str))
-            results["dapple"] = f"the model fits no plan in memory: {detail}"
-        else:
-            results["dapple"] = best
+        results["dapple"], simulated = _dapple_result(model, prefix, cluster, global_batch_size, opts, sizes, results)
         if planner != "all":
             results = {"dapple": results["dapple"]}
     return {"model": model, "prefix": prefix, "results": results, "options": opts, "simulated": simulated}
+
+
+def _dapple_result(model, prefix, cluster, global_batch_size: int, opts: Options, sizes, baseline_results):
+    """(the DAPPLE planner's Estimate, or why no plan fits; {id(Estimate): simulated ms} of the
+    candidates simulated to select it). The baselines' plans bound its search and compete with it."""
+    # dp (no overlap) costs a slower runtime than the real one: not a DAPPLE plan.
+    base = [r for k, r in baseline_results.items() if isinstance(r, Estimate) and k != "dp"]
+    floor = min((r.latency for r in base), default=float("inf"))
+    seed = None
+    full_sizes = sizes
+    large = cluster.num_servers * cluster.devices_per_server > LARGE_CLUSTER_DEVICES
+    if large:
+        # Large clusters: a coarse pass over every size first; its best plan bounds the full
+        # search, which refines that plan's micro-batch size only (an approximation, like the
+        # rest of the large-cluster search: dapple_planner.py).
+        seed, _ = best_estimate("dapple_prepass", model, prefix, cluster, global_batch_size, opts, sizes, floor)
+        floor = seed.latency if seed is not None else floor
+        full_sizes = [seed.micro_batch_size] if seed is not None else sizes
+    use_sim = opts.select == "simulation" and not large
+    top = PerSizeTop(SIM_CANDIDATES) if use_sim else None
+    best, bad = best_estimate("dapple", model, prefix, cluster, global_batch_size, opts, full_sizes,
+                              float("inf") if use_sim else floor, top)
+    best = best or seed
+    if opts.recompute is None and not use_sim and not (large and best is not None):
+        best = _with_recompute(model, prefix, cluster, global_batch_size, opts, sizes, best, base, floor)
+    simulated: Dict[int, float] = {}
+    if use_sim and (top.plans or base):
+        best, simulated = choose_by_simulation(top.plans + base, model, cluster, global_batch_size,
+                                               opts.link_contention, opts.schedules)
+    if best is None and base:
+        best = min(base, key=lambda r: r.latency)
+    if best is None:
+        detail = memory_error(model, prefix, cluster, opts, sizes, global_batch_size)
+        if not detail:
+            detail = bad.violation if bad is not None else "; ".join(
+                str(r) for r in baseline_results.values() if isinstance(r, str))
+        return f"the model fits no plan in memory: {detail}", simulated
+    return best, simulated
+
+
+def _with_recompute(model, prefix, cluster, global_batch_size: int, opts: Options, sizes, best, base, floor):
+    """`best`, or a faster plan with re-computation (issue 12): every stage keeps only its boundary
+    inputs per in-flight micro-batch and recomputes its forward in its backward. Searched when no plan
+    fits without it, and otherwise over the micro-batch sizes larger than the best plan's only,
+    bounded by its L: RC adds time, so it wins only where those sizes do not fit without it.
+    (Searching every size tripled GNMT-16's planning time; Options(recompute=True) searches only RC
+    plans.)"""
+    rc_opts = Options(**{**opts.__dict__, "recompute": True})
+    incumbent = best or min(base, key=lambda r: r.latency, default=None)
+    if incumbent is None:
+        return best_estimate("dapple", model, prefix, cluster, global_batch_size, rc_opts, sizes, floor)[0]
+    larger = [size for size in sizes if size > incumbent.micro_batch_size]
+    faster, _ = best_estimate("dapple", model, prefix, cluster, global_batch_size, rc_opts, larger,
+                              incumbent.latency) if larger else (None, None)
+    if faster is not None and faster.latency < incumbent.latency:
+        return faster
+    return best
 
 
 def plan(profile, cluster, global_batch_size: int, planner: str = "dapple", simulate: bool = False,
@@ -295,9 +307,6 @@ def plan_all(profile, cluster, global_batch_size: int, planner: str = "all", sim
     With `simulate`, each plan's simulated_iteration_ms is filled by planner/simulation/simulator.py (the
     analytic estimated_iteration_ms and its Tw/Ts/Te stay the paper's formula 2).
     Raises PlanningError when the requested single planner has no feasible plan."""
-    from planner.planning.schedule_choice import weigh_schedules  # pylint: disable=import-outside-toplevel
-    from planner.simulation.sim_adapter import disagreement_text, simulate_plan  # pylint: disable=import-outside-toplevel
-
     out = plan_estimates(profile, cluster, global_batch_size, planner, **options)
     model, prefix, results = out["model"], out["prefix"], out["results"]
     single = single_device_ms(prefix, global_batch_size)

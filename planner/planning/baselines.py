@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from planner.planning.dapple_planner import candidate_cuts, search
+from planner.planning.dapple_planner import SearchInput, SearchSpace, candidate_cuts, search
 from planner.planning.pipedream_partition import pipedream_stages
 from planner.planning.plan_eval import Estimate, Options, evaluate
 
@@ -44,8 +44,8 @@ def straight(model, prefix, cluster, gbs, mbs, options: Options, best_latency: f
     if stages > STRAIGHT_MAX_DP_STAGES:
         return seed  # the DP over hundreds of one-device stages is too slow; balanced partition only
     floor = seed.latency if seed is not None else best_latency
-    found = search(model, prefix, cluster, gbs, mbs, options, best_latency=floor, replications=[1],
-                   start_used=start, straight=True)
+    found = search(SearchInput(model, prefix, cluster, gbs, mbs, options),
+                   SearchSpace(replications=[1], start_used=start, straight=True), best_latency=floor)
     return found if found is not None else seed
 
 

@@ -105,7 +105,7 @@ class Prefix:
         return self.params[end] - self.params[first]
 
     def kept_per_sample(self, first: int, end: int) -> float:
-        """Bytes layers [first, end) keep for their backward, per sample (planner/planning/memory_model.py)."""
+        """Bytes layers [first, end) keep for their backward, per sample (planner/formats/memory_figures.py)."""
         return self.kept[end] - self.kept[first]
 
     def largest_layer_parameters(self, first: int, end: int) -> float:

@@ -41,8 +41,11 @@ minute for 256 layers on 128 x 8 devices:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from planner.formats import plan_pb2
+from planner.formats.model_profile import ModelProfile
 from planner.planning import cost_model as cm
 from planner.planning.plan_eval import Estimate, Options, evaluate
 
@@ -125,9 +128,8 @@ def candidate_cuts(prefix: cm.Prefix) -> List[int]:
     run: List[int] = []
     for c in range(1, n):
         run.append(c)
-        layer = model  # layer c-... decide whether boundary c can slide to c+1 at no cost
-        free_layer = (c < n and layer.forward_ms[c] == 0 and layer.backward_ms[c] == 0
-                      and layer.parameter_bytes[c] == 0)
+        # boundary c can slide to c + 1 at no cost when layer c has no compute and no parameters
+        free_layer = model.forward_ms[c] == 0 and model.backward_ms[c] == 0 and model.parameter_bytes[c] == 0
         if not free_layer or c == n - 1:
             cuts.append(min(run, key=lambda x: (prefix.cut[x], x)))
             run = []
@@ -180,6 +182,34 @@ class TopK:
             self._keys.discard((gone.micro_batch_size, tuple((a, b, tuple(d)) for a, b, d in gone.stages)))
 
 
+@dataclasses.dataclass(frozen=True)
+class SearchInput:
+    """What one search plans: a model (and its prefix sums) on a cluster, at one global and
+    micro-batch size, under the planners' options."""
+
+    model: ModelProfile
+    prefix: cm.Prefix
+    cluster: plan_pb2.Cluster
+    global_batch_size: int
+    micro_batch_size: int
+    options: Options
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """Which plans a search considers; the defaults allow every plan.
+
+    `policies`: the placement policies tried; `replications` limits stage replication counts;
+    `start_used` marks devices as unavailable (per-server counts); `straight` accepts only plans
+    whose last stage has one device; `max_cuts` overrides LARGE_MAX_CUTS on large clusters."""
+
+    policies: Sequence[str] = PLACEMENT_POLICIES
+    replications: Optional[Sequence[int]] = None
+    start_used: Optional[Tuple[int, ...]] = None
+    straight: bool = False
+    max_cuts: Optional[int] = None
+
+
 class _State:
     __slots__ = ("stages", "fwd", "bwd", "tail", "latency", "used", "steady_bound")
 
@@ -193,230 +223,298 @@ class _State:
         self.steady_bound = steady_bound
 
 
-def search(model, prefix: cm.Prefix, cluster, global_batch_size: int, micro_batch_size: int, options: Options,
-           best_latency: float = float("inf"), policies: Sequence[str] = PLACEMENT_POLICIES,
-           replications: Optional[Sequence[int]] = None, start_used: Optional[Tuple[int, ...]] = None,
-           straight: bool = False, prune: bool = True, max_cuts: Optional[int] = None,
-           top: Optional[TopK] = None) -> Optional[Estimate]:
-    """Runs the DP for one micro-batch size; returns the best feasible plan found whose latency
-    is below `best_latency` (None if none).
+class _StageCosts:
+    """Formula 2's terms of candidate stages for one search, and whether they fit in memory,
+    cached by what they depend on."""
 
-    `replications` limits stage replication counts; `start_used` marks devices as unavailable
-    (per-server counts); `straight` accepts only plans whose last stage has one device; `prune`
-    adds the remaining-work bound (module docstring); prune=False is the plain memoized search;
-    `max_cuts` overrides LARGE_MAX_CUTS on large clusters; with `top`, every complete feasible plan
-    is offered to it and the search prunes against top.bound() (also capped by `best_latency`)."""
-    per_server = cluster.devices_per_server
-    total = all_devices = cluster.num_servers * per_server
-    n = model.num_layers
-    mbs = micro_batch_size
-    m = global_batch_size // mbs
-    m1 = m - 1
-    mult = m if prune else m1  # L >= M (F_s + B_s) for every stage s (tests/test_cost_model.py)
-    oh = options.overhead_ms
-    cuts = candidate_cuts(prefix)
-    if total > LARGE_CLUSTER_DEVICES:
-        cuts = coarsen_cuts(prefix, cuts, max_cuts or LARGE_MAX_CUTS)
-        policies = [p for p in policies if p == "append"] or list(policies)[:1]
-    if not straight and mbs * min(len(cuts) + 1, options.max_stages or n) < total - sum(start_used or ()):
-        return None  # every plan uses every device, at most mbs per stage: too few stages possible
-    reps = list(replications) if replications is not None else replication_candidates(total, per_server)
-    reps = [r for r in reps if r <= mbs]
-    max_stages = options.max_stages or n
-    overlap = options.overlap
-    contention = options.link_contention
-    mem_cap = cluster.device_memory_bytes
-    opt = options.optimizer_multiplier
-    recompute = bool(options.recompute)
-    pf, pb, pp = prefix.fwd, prefix.bwd, prefix.params
-    # F + B per sample (a recomputing stage runs its forward twice): the pruning bounds use it
-    work = [pf[i] * (2 if recompute else 1) + pb[i] for i in range(n + 1)]
-    ar_cache: Dict[Tuple[int, ...], float] = {}
-    xfer_cache: Dict[Tuple, float] = {}
-    cost_cache: Dict[Tuple, Tuple[float, float, float]] = {}
-    fits_cache: Dict[Tuple, bool] = {}
-    free_cache: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
-    placement_cache: Dict[Tuple, List] = {}  # (used, r) -> [(device ids, used after)]
+    def __init__(self, problem: SearchInput):
+        options = problem.options
+        self.model = problem.model
+        self.prefix = problem.prefix
+        self.cluster = problem.cluster
+        self.per_server = problem.cluster.devices_per_server
+        self.mbs = problem.micro_batch_size
+        self.m = problem.global_batch_size // self.mbs
+        self.oh = options.overhead_ms
+        self.overlap = options.overlap
+        self.contention = options.link_contention
+        self.mem_cap = problem.cluster.device_memory_bytes
+        self.opt = options.optimizer_multiplier
+        self.recompute = bool(options.recompute)
+        self._ar: Dict[Tuple[int, ...], float] = {}
+        self._xfer: Dict[Tuple, float] = {}
+        self._cost: Dict[Tuple, Tuple[float, float, float]] = {}
+        self._fits: Dict[Tuple, bool] = {}
+        self._free: Dict[Tuple[int, ...], Sequence[int]] = {}
 
-    def ar_per_byte(devs):
-        v = ar_cache.get(devs)
+    def ar_per_byte(self, devs) -> float:
+        v = self._ar.get(devs)
         if v is None:
-            v = ar_cache[devs] = cm.allreduce_ms_per_byte(cluster, devs) if len(devs) > 1 else 0.0
+            v = self._ar[devs] = cm.allreduce_ms_per_byte(self.cluster, devs) if len(devs) > 1 else 0.0
         return v
 
-    def xfer(src, dst):
+    def xfer(self, src, dst) -> float:
         if isinstance(src, range) and isinstance(dst, range):
             # Contiguous ranges: the cost is invariant under shifts by whole servers.
-            base = src.start - src.start % per_server
+            base = src.start - src.start % self.per_server
             key = (src.start - base, len(src), dst.start - base, len(dst))
         else:
             key = (src, dst)
-        v = xfer_cache.get(key)
+        v = self._xfer.get(key)
         if v is None:
-            v = xfer_cache[key] = cm.transfer_ms_per_byte(cluster, src, dst, mbs, contention)
+            v = self._xfer[key] = cm.transfer_ms_per_byte(self.cluster, src, dst, self.mbs, self.contention)
         return v
 
-    def stage_costs(first, end, devs):
+    def stage(self, first, end, devs) -> Tuple[float, float, float]:
+        """(forward, backward, AllReduce tail) of stage [first, end) on devs."""
         r = len(devs)
-        per_byte = ar_per_byte(devs)
+        per_byte = self.ar_per_byte(devs)
         key = (first, end, r, per_byte)
-        v = cost_cache.get(key)
+        v = self._cost.get(key)
         if v is not None:
             return v
-        sl = -(-mbs // r)
-        f = sl * (pf[end] - pf[first]) + oh
-        b = sl * (pb[end] - pb[first]) + oh + (f - oh if recompute else 0.0)
+        prefix, oh = self.prefix, self.oh
+        sl = -(-self.mbs // r)
+        f = sl * (prefix.fwd[end] - prefix.fwd[first]) + oh
+        b = sl * (prefix.bwd[end] - prefix.bwd[first]) + oh + (f - oh if self.recompute else 0.0)
         if r == 1:
             t = 0.0
-        elif overlap:
-            t = cm.allreduce_tail_ms(model, first, end, sl, per_byte)
+        elif self.overlap:
+            t = cm.allreduce_tail_ms(self.model, first, end, sl, per_byte)
         else:
-            t = (pp[end] - pp[first]) * per_byte
-        v = cost_cache[key] = (f, b, t)
+            t = (prefix.params[end] - prefix.params[first]) * per_byte
+        v = self._cost[key] = (f, b, t)
         return v
 
-    def fits(first, end, r, k):
+    def fits(self, first, end, r, k) -> bool:
+        """Whether stage [first, end) on r devices fits in memory with k micro-batches in flight."""
         key = (first, end, r, k)
-        v = fits_cache.get(key)
+        v = self._fits.get(key)
         if v is None:
-            sl = -(-mbs // r)
-            v = fits_cache[key] = cm.memory_bytes(prefix, first, end, sl, k, opt, num_micro_batches=m,
-                                                          recompute=recompute) <= mem_cap
+            sl = -(-self.mbs // r)
+            v = self._fits[key] = cm.memory_bytes(self.prefix, first, end, sl, k, self.opt, num_micro_batches=self.m,
+                                                   recompute=self.recompute) <= self.mem_cap
         return v
 
-    def rest_fill(c, free):
-        """F+B of the fastest possible stage holding layers [c, n) on `free` devices."""
-        if not prune or free <= 0:
-            return 0.0
-        return mbs * (work[n] - work[c]) / free + 2 * oh
-
-    def rest_bound(c, free):
-        """M (F+B) of the fastest possible stage holding layers [c, n) on `free` devices."""
-        return m * rest_fill(c, free)
-
-    best: Optional[Estimate] = None
-    if top is not None:
-        top.limit = min(top.limit, best_latency)
-    best_l = best_latency if top is None else top.bound()
-
-    def consider(est):
-        """Records a costed complete plan; returns the new pruning bound."""
-        nonlocal best
-        if est.feasible and (best is None or est.latency < best.latency) and est.latency < best_latency:
-            best = est
-        if top is not None:
-            top.offer(est)
-            return top.bound()
-        return best.latency if best is not None else best_latency
-    if start_used is None:
-        start_used = tuple([0] * cluster.num_servers)
-    root = _State([], [], [], [], 0.0, start_used, 0.0)
-    frontier: Dict[int, Dict[Tuple[int, ...], _State]] = {0: {start_used: root}}
-
-    def extended(state, first, end, devs):
-        """The state's forward/backward/tail lists with stage [first, end) on devs appended (after
-        the communication stage from the previous stage, if any)."""
-        f, b, t = stage_costs(first, end, devs)
-        if not state.stages:
-            return [f], [b], [t]
-        x = prefix.cut[first] * xfer(state.stages[-1][2], devs)
-        return state.fwd + [x, f], state.bwd + [x, b], state.tail + [0.0, t]
-
-    def complete(state, c):
-        """Costs state + last stage [c, n) on all free devices; returns (L, devs) or None."""
-        used = state.used
-        devs = free_cache.get(used)
+    def free_devices(self, used: Tuple[int, ...]) -> Sequence[int]:
+        """The ids of the devices not in `used` (per-server counts); a range when contiguous."""
+        devs = self._free.get(used)
         if devs is None:
+            per_server = self.per_server
             ids = tuple(s * per_server + i for s in range(len(used)) for i in range(used[s], per_server))
             if ids and ids[-1] - ids[0] == len(ids) - 1:
                 ids = range(ids[0], ids[-1] + 1)
-            devs = free_cache[used] = ids
-        if not devs or len(devs) > mbs or (straight and len(devs) != 1):
-            return None
-        fw, bw, tl = extended(state, c, n, devs)
-        return cm.pipeline_latency(fw, bw, tl, m)[0], devs
+            devs = self._free[used] = ids
+        return devs
 
-    for c in [0] + cuts:
-        states = frontier.pop(c, None)
-        if not states:
-            continue
-        for state in sorted(states.values(), key=lambda st: st.latency):
-            if state.steady_bound >= best_l:
+    def extended(self, state: _State, first, end, devs):
+        """The state's forward/backward/tail lists with stage [first, end) on devs appended (after
+        the communication stage from the previous stage, if any)."""
+        f, b, t = self.stage(first, end, devs)
+        if not state.stages:
+            return [f], [b], [t]
+        x = self.prefix.cut[first] * self.xfer(state.stages[-1][2], devs)
+        return state.fwd + [x, f], state.bwd + [x, b], state.tail + [0.0, t]
+
+
+class _Search:
+    """One run of the DP for one micro-batch size (see search()); the methods are its steps.
+
+    `frontier` maps a cut c to the states whose planned stages end at c, one per device set;
+    `best_l` is the pruning bound, the latency a candidate must beat to matter."""
+
+    def __init__(self, problem: SearchInput, space: SearchSpace, prune: bool):
+        self.problem = problem
+        self.space = space
+        self.prune = prune
+        self.costs = _StageCosts(problem)
+        cluster, options = problem.cluster, problem.options
+        self.per_server = cluster.devices_per_server
+        self.total = cluster.num_servers * self.per_server
+        self.n = problem.model.num_layers
+        self.mbs = problem.micro_batch_size
+        self.m = problem.global_batch_size // self.mbs
+        self.mult = self.m if prune else self.m - 1  # L >= M (F_s + B_s) for every stage s (tests/test_cost_model.py)
+        self.oh = options.overhead_ms
+        self.max_stages = options.max_stages or self.n
+        self.cuts = candidate_cuts(problem.prefix)
+        self.policies = space.policies
+        if self.total > LARGE_CLUSTER_DEVICES:
+            self.cuts = coarsen_cuts(problem.prefix, self.cuts, space.max_cuts or LARGE_MAX_CUTS)
+            self.policies = [p for p in space.policies if p == "append"] or list(space.policies)[:1]
+        reps = (list(space.replications) if space.replications is not None
+                else replication_candidates(self.total, self.per_server))
+        self.reps = [r for r in reps if r <= self.mbs]
+        pf, pb = problem.prefix.fwd, problem.prefix.bwd
+        # F + B per sample (a recomputing stage runs its forward twice): the pruning bounds use it
+        self.work = [pf[i] * (2 if options.recompute else 1) + pb[i] for i in range(self.n + 1)]
+        self.placement_cache: Dict[Tuple, List] = {}  # (used, r) -> [(device ids, used after)]
+        self.frontier: Dict[int, Dict[Tuple[int, ...], _State]] = {}
+        self.best: Optional[Estimate] = None
+        self.best_latency = float("inf")
+        self.best_l = float("inf")
+        self.top: Optional[TopK] = None
+
+    def too_few_stages(self) -> bool:
+        """Every plan uses every device, at most mbs per stage: whether too few stages are possible."""
+        if self.space.straight:
+            return False
+        stages = min(len(self.cuts) + 1, self.problem.options.max_stages or self.n)
+        return self.mbs * stages < self.total - sum(self.space.start_used or ())
+
+    def run(self, best_latency: float, top: Optional[TopK]) -> Optional[Estimate]:
+        """Expands the states cut by cut, each cut's cheapest first; returns the best plan."""
+        self.best_latency, self.top = best_latency, top
+        if top is not None:
+            top.limit = min(top.limit, best_latency)
+        self.best_l = best_latency if top is None else top.bound()
+        start_used = self.space.start_used
+        if start_used is None:
+            start_used = tuple([0] * self.problem.cluster.num_servers)
+        self.frontier = {0: {start_used: _State([], [], [], [], 0.0, start_used, 0.0)}}
+        for c in [0] + self.cuts:
+            states = self.frontier.pop(c, None)
+            if not states:
                 continue
-            num = len(state.stages)
-            free_total = all_devices - sum(state.used)
-            if rest_bound(c, free_total) >= best_l:
+            for state in sorted(states.values(), key=lambda st: st.latency):
+                self.expand(state, c)
+        return self.best
+
+    def rest_fill(self, c, free) -> float:
+        """F+B of the fastest possible stage holding layers [c, n) on `free` devices."""
+        if not self.prune or free <= 0:
+            return 0.0
+        return self.mbs * (self.work[self.n] - self.work[c]) / free + 2 * self.oh
+
+    def rest_bound(self, c, free) -> float:
+        """M (F+B) of the fastest possible stage holding layers [c, n) on `free` devices."""
+        return self.m * self.rest_fill(c, free)
+
+    def consider(self, stages) -> None:
+        """Costs a complete plan, records it, and lowers the pruning bound."""
+        p = self.problem
+        est = evaluate(p.model, p.prefix, p.cluster, stages, p.global_batch_size, p.micro_batch_size, p.options)
+        best = self.best
+        if est.feasible and (best is None or est.latency < best.latency) and est.latency < self.best_latency:
+            self.best = best = est
+        if self.top is not None:
+            self.top.offer(est)
+            self.best_l = self.top.bound()
+        else:
+            self.best_l = best.latency if best is not None else self.best_latency
+
+    def complete(self, state: _State, c):
+        """Costs state + last stage [c, n) on all free devices; returns (L, devs) or None."""
+        devs = self.costs.free_devices(state.used)
+        if not devs or len(devs) > self.mbs or (self.space.straight and len(devs) != 1):
+            return None
+        fw, bw, tl = self.costs.extended(state, c, self.n, devs)
+        return cm.pipeline_latency(fw, bw, tl, self.m)[0], devs
+
+    def expand(self, state: _State, c) -> None:
+        """Unless the bounds rule it out: the state as a complete plan, then its splits of the
+        last stage at every replication count."""
+        if state.steady_bound >= self.best_l:
+            return
+        free_total = self.total - sum(state.used)
+        if self.rest_bound(c, free_total) >= self.best_l:
+            return
+        filled = sum(state.fwd) + sum(state.bwd) if self.prune else 0.0  # L >= the fill of every stage
+        if filled + self.rest_fill(c, free_total) >= self.best_l:
+            return
+        res = self.complete(state, c)
+        if res is not None and res[0] < self.best_l:
+            self.consider(state.stages + [(c, self.n, res[1])])
+        if not self.can_grow(state):
+            return
+        for r in self.reps:
+            if r >= free_total:
+                break
+            if free_total - r > self.mbs and not self.space.straight:
                 continue
-            filled = sum(state.fwd) + sum(state.bwd) if prune else 0.0  # L >= the fill of every stage
-            if filled + rest_fill(c, free_total) >= best_l:
-                continue
-            # The state as a complete plan.
-            res = complete(state, c)
-            if res is not None and res[0] < best_l:
-                stages = state.stages + [(c, n, res[1])]
-                est = evaluate(model, prefix, cluster, stages, global_batch_size, mbs, options)
-                best_l = consider(est)
-            if num + 2 > max_stages:
-                continue
-            # K_i under policy A for the stages planned so far (only grows with more stages).
-            s_total = num + 2
-            if not all(fits(a, e, len(d), min(s_total - i, m)) for i, (a, e, d) in enumerate(state.stages)):
-                continue
-            for r in reps:
-                if r >= free_total:
-                    break
-                if free_total - r > mbs and not straight:
+            self.split(state, c, r, free_total - r, filled)
+
+    def can_grow(self, state: _State) -> bool:
+        """Whether another stage may follow the state's: within max_stages, and with its planned
+        stages fitting under K_i of policy A (which only grows with more stages)."""
+        s_total = len(state.stages) + 2
+        if s_total > self.max_stages:
+            return False
+        fits, m = self.costs.fits, self.m
+        return all(fits(a, e, len(d), min(s_total - i, m)) for i, (a, e, d) in enumerate(state.stages))
+
+    def placements(self, used: Tuple[int, ...], r: int) -> List:
+        """[(device ids, used after)] of a new stage of r devices, one per distinct placement."""
+        placements = self.placement_cache.get((used, r))
+        if placements is None:
+            placements, seen = [], set()
+            for pol in self.policies:
+                take = place(used, r, self.per_server, pol)
+                if take is None or take in seen:
                     continue
-                sl = -(-mbs // r)
-                placements = placement_cache.get((state.used, r))
-                if placements is None:
-                    placements, seen = [], set()
-                    for pol in policies:
-                        take = place(state.used, r, per_server, pol)
-                        if take is None or take in seen:
-                            continue
-                        seen.add(take)
-                        placements.append((device_ids(state.used, take, per_server),
-                                           tuple(u + k for u, k in zip(state.used, take))))
-                    placement_cache[(state.used, r)] = placements
-                rest_free = free_total - r
-                for c2 in cuts:
-                    if c2 <= c:
-                        continue
-                    steady = mult * (sl * (work[c2] - work[c]) + 2 * oh)
-                    if steady >= best_l:
-                        break
-                    if rest_bound(c2, rest_free) >= best_l:
-                        continue
-                    if prune and filled + steady / mult + rest_fill(c2, rest_free) >= best_l:
-                        continue
-                    if not fits(c, c2, r, min(2, m)):
-                        continue
-                    for devs, new_used in placements:
-                        fw, bw, tl = extended(state, c, c2, devs)
-                        bound = steady
-                        if prune and not state.stages:
-                            # The first stage is never after the pivot: L >= M (F_0+B_0) + its AllReduce tail.
-                            bound += tl[0]
-                            if bound >= best_l:
-                                continue
-                        child = _State(state.stages + [(c, c2, devs)], fw, bw, tl, 0.0, new_used,
-                                       max(state.steady_bound, bound))
-                        res = complete(child, c2)
-                        if res is None:
-                            if not straight:
-                                continue
-                            # Incomplete straight prefix: rank by its slowest stage so far.
-                            child.latency = child.steady_bound + sum(fw) + sum(bw)
-                        else:
-                            child.latency = res[0]
-                            if prune and res[0] < best_l:
-                                # Cost it as a complete plan now: a lower best_l prunes sooner.
-                                est = evaluate(model, prefix, cluster, child.stages + [(c2, n, res[1])],
-                                               global_batch_size, mbs, options)
-                                best_l = consider(est)
-                        bucket = frontier.setdefault(c2, {})
-                        old = bucket.get(new_used)
-                        if old is None or child.latency < old.latency:
-                            bucket[new_used] = child
-    return best
+                seen.add(take)
+                placements.append((device_ids(used, take, self.per_server), tuple(u + k for u, k in zip(used, take))))
+            self.placement_cache[(used, r)] = placements
+        return placements
+
+    def split(self, state: _State, c, r, rest_free, filled) -> None:
+        """The children of a state whose new stage [c, c2) has r devices, over the cuts c2."""
+        sl = -(-self.mbs // r)
+        placements = self.placements(state.used, r)
+        work, mult, oh, prune = self.work, self.mult, self.oh, self.prune
+        for c2 in self.cuts:
+            if c2 <= c:
+                continue
+            steady = mult * (sl * (work[c2] - work[c]) + 2 * oh)
+            if steady >= self.best_l:
+                break
+            if self.rest_bound(c2, rest_free) >= self.best_l:
+                continue
+            if prune and filled + steady / mult + self.rest_fill(c2, rest_free) >= self.best_l:
+                continue
+            if not self.costs.fits(c, c2, r, min(2, self.m)):
+                continue
+            for devs, new_used in placements:
+                self.add_child(state, c, c2, devs, new_used, steady)
+
+    def add_child(self, state: _State, c, c2, devs, new_used, steady) -> None:
+        """The state with new stage [c, c2) on devs: costed as a complete plan when it is one, and
+        kept in the frontier at c2 if it is the cheapest for its device set."""
+        fw, bw, tl = self.costs.extended(state, c, c2, devs)
+        bound = steady
+        if self.prune and not state.stages:
+            # The first stage is never after the pivot: L >= M (F_0+B_0) + its AllReduce tail.
+            bound += tl[0]
+            if bound >= self.best_l:
+                return
+        child = _State(state.stages + [(c, c2, devs)], fw, bw, tl, 0.0, new_used, max(state.steady_bound, bound))
+        res = self.complete(child, c2)
+        if res is None:
+            if not self.space.straight:
+                return
+            # Incomplete straight prefix: rank by its slowest stage so far.
+            child.latency = child.steady_bound + sum(fw) + sum(bw)
+        else:
+            child.latency = res[0]
+            if self.prune and res[0] < self.best_l:
+                # Cost it as a complete plan now: a lower best_l prunes sooner.
+                self.consider(child.stages + [(c2, self.n, res[1])])
+        bucket = self.frontier.setdefault(c2, {})
+        old = bucket.get(new_used)
+        if old is None or child.latency < old.latency:
+            bucket[new_used] = child
+
+
+def search(problem: SearchInput, space: SearchSpace = SearchSpace(), best_latency: float = float("inf"),
+           prune: bool = True, top: Optional[TopK] = None) -> Optional[Estimate]:
+    """Runs the DP for one micro-batch size; returns the best feasible plan found whose latency
+    is below `best_latency` (None if none).
+
+    `space` restricts the plans considered (SearchSpace); `prune` adds the remaining-work bound
+    (module docstring); prune=False is the plain memoized search; with `top`, every complete
+    feasible plan is offered to it and the search prunes against top.bound() (also capped by
+    `best_latency`)."""
+    run = _Search(problem, space, prune)
+    if run.too_few_stages():
+        return None
+    return run.run(best_latency, top)

@@ -31,7 +31,7 @@ class Options:
     policy: Optional[str] = None         # force "A" or "B"; default: by ACR
     link_contention: bool = False        # transfers share device ports / server NICs (cost_model docstring)
     # One training step's memory at the profile batch size (bytes, or a size such as "11.4GB"), for
-    # profiles without a measured one (planner/planning/memory_model.py); None: the profile's own, if any.
+    # profiles without a measured one (planner/formats/memory_figures.py); None: the profile's own, if any.
     profile_memory: Optional[object] = None
     select: str = "latency"              # dapple: "latency" (formula 2, the paper) or "simulation"
     # Re-computation: None lets the DAPPLE planner choose (a second search with every stage

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from planner.formats.schedule import schedule_enum, schedule_kind
 from planner.formats import plan_pb2
+from planner.simulation.sim_adapter import simulate_plan
 
 CANDIDATES = ("dapple", "zb-h1", "zb-h2")
 
@@ -20,8 +21,6 @@ def weigh_schedules(plan: plan_pb2.Plan, model, kinds: Sequence[str] = CANDIDATE
                     **simulate_options) -> plan_pb2.Plan:
     """Fills `plan.schedule_estimates` with each kind simulated; with `choose`, sets `plan.schedule` (and its
     simulated_iteration_ms) to the fastest that fits. Returns the plan (changed in place)."""
-    from planner.simulation.sim_adapter import simulate_plan  # pylint: disable=import-outside-toplevel
-
     del plan.schedule_estimates[:]
     capacity = plan.cluster.device_memory_bytes
     for kind in kinds:

@@ -26,7 +26,8 @@ outputs (see scripts/bench/schedule_memory.py); 1.0 is what the planner assumes.
 
 from __future__ import annotations
 
-from typing import List, Optional, Union
+import dataclasses
+from typing import List, Optional, Tuple, Union
 
 from planner.planning import cost_model as cm
 from planner.formats.model_profile import ModelProfile
@@ -48,6 +49,113 @@ def model_profile(profile: Union[str, LayerCostProfile, ModelProfile]) -> ModelP
     return ModelProfile.from_proto(profile)
 
 
+@dataclasses.dataclass(frozen=True)
+class _CostOptions:
+    """stage_costs' knobs (its docstring and the module's)."""
+
+    overlap_allreduce: bool
+    activation_multiplier: float
+    optimizer_multiplier: float
+    overhead_ms: float
+    optimizer_bandwidth: Optional[float]
+    link_contention: bool
+
+
+def _layer_ranges(plan: plan_pb2.Plan, model: ModelProfile) -> List[Tuple[int, int]]:
+    """[(first, end)] of the plan's stages; ValueError unless they cover the profile's layers in order."""
+    bounds = []
+    for i, st in enumerate(plan.stages):
+        first, end = st.first_layer, st.last_layer + 1
+        if not (0 <= first < end <= model.num_layers):
+            raise ValueError(f"stage {i}: layers {first}..{end - 1} are outside the profile's "
+                             f"{model.num_layers} layers")
+        if bounds and first != bounds[-1][1]:
+            raise ValueError(f"stage {i} starts at layer {first}, but stage {i - 1} ends at layer {bounds[-1][1] - 1}")
+        bounds.append((first, end))
+    if bounds[-1][1] != model.num_layers or bounds[0][0] != 0:
+        raise ValueError(f"the plan's stages cover layers {bounds[0][0]}..{bounds[-1][1] - 1}, "
+                         f"not all {model.num_layers} layers of the profile")
+    return bounds
+
+
+class _PlanCoster:
+    """The StageCost of each stage of one plan; its methods are the cost terms."""
+
+    def __init__(self, plan: plan_pb2.Plan, model: ModelProfile, prefix: cm.Prefix, cluster: plan_pb2.Cluster,
+                 options: _CostOptions):
+        self.plan, self.model, self.prefix, self.cluster, self.options = plan, model, prefix, cluster, options
+        self.mbs = plan.micro_batch_size
+        self.bounds = _layer_ranges(plan, model)
+        self.scale = cm.compute_scale(cluster, [(0, 0, tuple(st.device_ids)) for st in plan.stages])
+
+    def stage(self, i: int) -> StageCost:
+        st = self.plan.stages[i]
+        first, end = self.bounds[i]
+        devs = tuple(st.device_ids)
+        if not devs:
+            raise ValueError(f"stage {i} has no devices")
+        slice_samples = cm.largest_slice(self.mbs, len(devs))
+        fwd, bwd, backward_input = self.passes(st, first, end, len(devs))
+        ar, tail = self.allreduce(st, first, end, devs, bwd, backward_input)
+        prefix, options = self.prefix, self.options
+        return StageCost(
+            forward_ms=fwd,
+            backward_ms=bwd,
+            devices=devs,
+            forward_transfer_ms=self.transfer_ms(i, end, devs),
+            allreduce_ms=ar,
+            allreduce_tail_ms=min(tail, ar),
+            optimizer_ms=self.optimizer_ms(first, end),
+            # the simulator adds re-computation's memory itself: boundary inputs per in-flight micro-batch,
+            # one micro-batch's kept bytes from R to the end of B
+            static_bytes=cm.memory_bytes(prefix, first, end, slice_samples, 0, options.optimizer_multiplier,
+                                         num_micro_batches=self.plan.num_micro_batches),
+            activation_bytes=options.activation_multiplier * slice_samples * prefix.kept_per_sample(first, end),
+            recompute=st.recompute,
+            boundary_bytes=cm.cut_bytes(prefix, first, slice_samples),
+            backward_input_ms=backward_input,
+        )
+
+    def passes(self, st: plan_pb2.Stage, first: int, end: int, r: int):
+        """(forward, backward, input-gradient part of the backward or None) ms: the plan's stored
+        passes, else the cost model's."""
+        prefix, mbs, overhead_ms, scale = self.prefix, self.mbs, self.options.overhead_ms, self.scale
+        fwd = st.forward_ms or scale * cm.stage_forward_ms(prefix, first, end, mbs, r, overhead_ms)
+        bwd = st.backward_ms or scale * cm.stage_backward_ms(prefix, first, end, mbs, r, overhead_ms)
+        if st.recompute and st.backward_ms:
+            # The plan's backward includes the recomputed forward (plan_eval); the simulator runs it
+            # as its own R box before B.
+            bwd -= fwd - overhead_ms
+        backward_input = cm.stage_backward_input_ms(prefix, first, end, mbs, r, overhead_ms)
+        backward_input = None if backward_input is None else scale * backward_input
+        return fwd, bwd, backward_input
+
+    def allreduce(self, st: plan_pb2.Stage, first: int, end: int, devs, bwd: float, backward_input):
+        """(full AllReduce ms, the part of it left after the last backward)."""
+        r = len(devs)
+        per_byte = cm.allreduce_ms_per_byte(self.cluster, devs) if r > 1 else 0.0
+        ar = st.allreduce_ms if st.allreduce_ms else self.prefix.parameter_bytes(first, end) * per_byte
+        overlap = cm.overlaps_allreduce(self.cluster, self.options.overlap_allreduce) and r > 1
+        slice_samples = cm.largest_slice(self.mbs, r)
+        tail = cm.allreduce_tail_ms(self.model, first, end, slice_samples, per_byte) if overlap else ar
+        if overlap and backward_input is not None:  # weight gradients come only after the input gradients
+            tail = max(tail, ar - max(bwd - backward_input, 0.0))
+        return ar, tail
+
+    def transfer_ms(self, i: int, end: int, devs) -> float:
+        """The activations' transfer to the next stage (0 after the last)."""
+        if i + 1 >= len(self.plan.stages):
+            return 0.0
+        return cm.transfer_ms(self.cluster, devs, tuple(self.plan.stages[i + 1].device_ids), self.prefix.cut[end],
+                              self.mbs, contention=self.options.link_contention)
+
+    def optimizer_ms(self, first: int, end: int) -> float:
+        bandwidth = self.options.optimizer_bandwidth
+        if not bandwidth:
+            return 0.0
+        return 1e3 * ADAM_BYTES_PER_PARAMETER_BYTE * self.prefix.parameter_bytes(first, end) / bandwidth
+
+
 def stage_costs(
     plan: plan_pb2.Plan,
     profile: Union[str, LayerCostProfile, ModelProfile],
@@ -67,70 +175,12 @@ def stage_costs(
     cluster = cluster if cluster is not None else plan.cluster
     if not plan.stages:
         raise ValueError("the plan has no stages")
-    mbs = plan.micro_batch_size
-    if mbs < 1:
-        raise ValueError(f"the plan's micro-batch size must be >= 1, got {mbs}")
-    costs = []
-    bounds = []
-    for i, st in enumerate(plan.stages):
-        first, end = st.first_layer, st.last_layer + 1
-        if not (0 <= first < end <= model.num_layers):
-            raise ValueError(f"stage {i}: layers {first}..{end - 1} are outside the profile's "
-                             f"{model.num_layers} layers")
-        if bounds and first != bounds[-1][1]:
-            raise ValueError(f"stage {i} starts at layer {first}, but stage {i - 1} ends at layer {bounds[-1][1] - 1}")
-        bounds.append((first, end))
-    if bounds[-1][1] != model.num_layers or bounds[0][0] != 0:
-        raise ValueError(f"the plan's stages cover layers {bounds[0][0]}..{bounds[-1][1] - 1}, "
-                         f"not all {model.num_layers} layers of the profile")
-    scale = cm.compute_scale(cluster, [(0, 0, tuple(st.device_ids)) for st in plan.stages])
-    for i, st in enumerate(plan.stages):
-        first, end = bounds[i]
-        devs = tuple(st.device_ids)
-        if not devs:
-            raise ValueError(f"stage {i} has no devices")
-        r = len(devs)
-        slice_samples = cm.largest_slice(mbs, r)
-        fwd = st.forward_ms or scale * cm.stage_forward_ms(prefix, first, end, mbs, r, overhead_ms)
-        bwd = st.backward_ms or scale * cm.stage_backward_ms(prefix, first, end, mbs, r, overhead_ms)
-        if st.recompute and st.backward_ms:
-            # The plan's backward includes the recomputed forward (plan_eval); the simulator runs it
-            # as its own R box before B.
-            bwd -= fwd - overhead_ms
-        per_byte = cm.allreduce_ms_per_byte(cluster, devs) if r > 1 else 0.0
-        ar = st.allreduce_ms if st.allreduce_ms else prefix.parameter_bytes(first, end) * per_byte
-        overlap = cm.overlaps_allreduce(cluster, overlap_allreduce) and r > 1
-        tail = cm.allreduce_tail_ms(model, first, end, slice_samples, per_byte) if overlap else ar
-        backward_input = cm.stage_backward_input_ms(prefix, first, end, mbs, r, overhead_ms)
-        backward_input = None if backward_input is None else scale * backward_input
-        if overlap and backward_input is not None:  # weight gradients come only after the input gradients
-            tail = max(tail, ar - max(bwd - backward_input, 0.0))
-        comm = 0.0
-        if i + 1 < len(plan.stages):
-            comm = cm.transfer_ms(cluster, devs, tuple(plan.stages[i + 1].device_ids), prefix.cut[end], mbs,
-                                  contention=link_contention)
-        params = prefix.parameter_bytes(first, end)
-        optimizer_ms = 0.0
-        if optimizer_bandwidth:
-            optimizer_ms = 1e3 * ADAM_BYTES_PER_PARAMETER_BYTE * params / optimizer_bandwidth
-        costs.append(StageCost(
-            forward_ms=fwd,
-            backward_ms=bwd,
-            devices=devs,
-            forward_transfer_ms=comm,
-            allreduce_ms=ar,
-            allreduce_tail_ms=min(tail, ar),
-            optimizer_ms=optimizer_ms,
-            # the simulator adds re-computation's memory itself: boundary inputs per in-flight micro-batch,
-            # one micro-batch's kept bytes from R to the end of B
-            static_bytes=cm.memory_bytes(prefix, first, end, slice_samples, 0, optimizer_multiplier,
-                                         num_micro_batches=plan.num_micro_batches),
-            activation_bytes=activation_multiplier * slice_samples * prefix.kept_per_sample(first, end),
-            recompute=st.recompute,
-            boundary_bytes=cm.cut_bytes(prefix, first, slice_samples),
-            backward_input_ms=backward_input,
-        ))
-    return costs
+    if plan.micro_batch_size < 1:
+        raise ValueError(f"the plan's micro-batch size must be >= 1, got {plan.micro_batch_size}")
+    options = _CostOptions(overlap_allreduce, activation_multiplier, optimizer_multiplier, overhead_ms,
+                           optimizer_bandwidth, link_contention)
+    coster = _PlanCoster(plan, model, prefix, cluster, options)
+    return [coster.stage(i) for i in range(len(plan.stages))]
 
 
 def plan_schedule(plan: plan_pb2.Plan, schedule: Optional[str] = None, policy: Optional[str] = None,

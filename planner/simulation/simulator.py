@@ -279,6 +279,159 @@ def _check_costs(stages: Sequence[StageCost]) -> None:
             raise SimulationError(f"stage {s}: backward_transfer_ms must be >= 0, got {st.gradient_transfer_ms}")
 
 
+class _OpGraph:
+    """The ops of one iteration and their dependencies: every stage's compute lane in its
+    schedule's order, the transfers on the links between stages, and each stage's AllReduce and
+    optimizer step."""
+
+    def __init__(self):
+        self.ops: List[_Op] = []
+        self.index: Dict[Tuple[str, int, int], int] = {}
+        self.lanes: List[List[int]] = []
+
+    def add(self, kind, stage, mb, resource, duration) -> int:
+        self.index[(kind, stage, mb)] = len(self.ops)
+        self.ops.append(_Op(kind, stage, mb, resource, float(duration)))
+        return len(self.ops) - 1
+
+    def depend(self, op, on) -> None:
+        self.ops[on].dependents.append(op)
+        self.ops[op].waiting += 1
+
+    def add_lanes(self, stages: Sequence[StageCost], schedule: Schedule) -> None:
+        for s, st in enumerate(stages):
+            lane = []
+            for task in schedule.stage_tasks[s]:
+                lane.extend(self._task_ops(s, st, task, schedule.splits_backward))
+            self.lanes.append(lane)
+
+    def _task_ops(self, s: int, st: StageCost, task, split_schedule: bool) -> List[int]:
+        """The lane ops of one scheduled task: a backward may be preceded by its recomputation
+        and split into B and W (module docstring)."""
+        add, mb, lane_name = self.add, task.micro_batch, f"stage{s}"
+        kind = {FORWARD: KIND_FORWARD, BACKWARD: KIND_BACKWARD}.get(task.kind, KIND_WEIGHT)
+        out = []
+        if kind == KIND_BACKWARD and st.recompute:
+            out.append(add(KIND_RECOMPUTE, s, mb, lane_name, st.forward_ms))
+        if split_schedule and kind != KIND_FORWARD:
+            b_ms = st.input_gradient_ms(s)
+            out.append(add(kind, s, mb, lane_name, b_ms if kind == KIND_BACKWARD else st.backward_ms - b_ms))
+        elif kind == KIND_BACKWARD and st.splits_backward:
+            out.append(add(kind, s, mb, lane_name, st.backward_input_ms))
+            out.append(add(KIND_WEIGHT, s, mb, lane_name, st.backward_ms - st.backward_input_ms))
+        else:
+            out.append(add(kind, s, mb, lane_name, st.forward_ms if task.kind == FORWARD else st.backward_ms))
+        return out
+
+    def add_transfers(self, stages: Sequence[StageCost], num_micro_batches: int, duplex_links: bool) -> None:
+        index, depend = self.index, self.depend
+        for s in range(len(stages) - 1):
+            st = stages[s]
+            fwd_link = f"link{s}>{s + 1}" if duplex_links else f"link{s}-{s + 1}"
+            bwd_link = f"link{s + 1}>{s}" if duplex_links else f"link{s}-{s + 1}"
+            for i in range(num_micro_batches):
+                a = self.add(KIND_SEND_ACTIVATION, s, i, fwd_link, st.forward_transfer_ms)
+                depend(a, index[(KIND_FORWARD, s, i)])
+                depend(index[(KIND_FORWARD, s + 1, i)], a)
+                g = self.add(KIND_SEND_GRADIENT, s + 1, i, bwd_link, st.gradient_transfer_ms)
+                depend(g, index[(KIND_BACKWARD, s + 1, i)])
+                depend(index[(KIND_BACKWARD, s, i)], g)
+
+    def add_updates(self, stages: Sequence[StageCost], overlap_allreduce: bool) -> None:
+        """Each stage's AllReduce after its last backward, then its optimizer step on its lane."""
+        for s, st in enumerate(stages):
+            last_backward = self.lanes[s][-1]
+            tail = min(st.overlapped_allreduce_tail_ms, st.allreduce_ms) if overlap_allreduce else st.allreduce_ms
+            ar = self.add(KIND_ALLREDUCE, s, -1, f"allreduce{s}", tail)
+            self.depend(ar, last_backward)
+            opt = self.add(KIND_OPTIMIZER, s, -1, f"stage{s}", st.optimizer_ms)
+            self.depend(opt, ar)
+            self.lanes[s].append(opt)
+
+
+class _Player:
+    """Plays an _OpGraph, filling in the ops' start and end times: compute lanes run their fixed
+    order; every other resource serves ready ops first come first."""
+
+    def __init__(self, graph: _OpGraph):
+        self.ops = graph.ops
+        self.index = graph.index
+        self.lane_of = {f"stage{s}": lane for s, lane in enumerate(graph.lanes)}
+        self.position = {name: 0 for name in self.lane_of}
+        self.busy_until: Dict[str, float] = {}
+        self.ready_queues: Dict[str, List[Tuple[float, int]]] = {}
+        self.heap: List[Tuple[float, int, int]] = []  # (end time, seq, op)
+        self.seq = 0
+
+    def start(self, op_id, now) -> None:
+        op = self.ops[op_id]
+        op.start_ms, op.end_ms = now, now + op.duration
+        self.busy_until[op.resource] = op.end_ms
+        heapq.heappush(self.heap, (op.end_ms, self.seq, op_id))
+        self.seq += 1
+
+    def release(self, op_id, now) -> None:
+        op = self.ops[op_id]
+        op.waiting -= 1
+        if op.waiting == 0:
+            op.ready_ms = now
+            if op.resource not in self.lane_of:
+                heapq.heappush(self.ready_queues.setdefault(op.resource, []), (now, op_id))
+
+    def try_start(self, now) -> None:
+        ops, busy_until, position = self.ops, self.busy_until, self.position
+        progressed = True
+        while progressed:
+            progressed = False
+            for name, lane in self.lane_of.items():
+                p = position[name]
+                if p < len(lane) and busy_until.get(name, 0.0) <= now and ops[lane[p]].waiting == 0:
+                    position[name] = p + 1
+                    self.start(lane[p], now)
+                    progressed = True
+            for name, queue in self.ready_queues.items():
+                if queue and busy_until.get(name, 0.0) <= now:
+                    _, op_id = heapq.heappop(queue)
+                    self.start(op_id, now)
+                    progressed = True
+
+    def play(self) -> None:
+        """Runs every op; SimulationError if some never can."""
+        for op in self.ops:
+            if op.waiting == 0 and op.resource not in self.lane_of:
+                heapq.heappush(self.ready_queues.setdefault(op.resource, []),
+                               (0.0, self.index[(op.kind, op.stage, op.micro_batch)]))
+        self.try_start(0.0)
+        heap, done = self.heap, 0
+        while heap:
+            now = heap[0][0]
+            while heap and heap[0][0] == now:
+                _, _, op_id = heapq.heappop(heap)
+                done += 1
+                for d in self.ops[op_id].dependents:
+                    self.release(d, now)
+            self.try_start(now)
+        if done != len(self.ops):
+            stuck = [f"{o.kind} stage {o.stage} mb {o.micro_batch}" for o in self.ops if o.start_ms is None][:4]
+            raise SimulationError("simulation cannot finish; stuck at " + ", ".join(stuck))
+
+
+def _events(graph: _OpGraph, stages: Sequence[StageCost], overlap_allreduce: bool) -> Tuple[Event, ...]:
+    """The played ops as events in drawing order."""
+    ops = graph.ops
+    if overlap_allreduce:  # draw the whole AllReduce: it began during the last backward
+        for o in ops:
+            if o.kind == KIND_ALLREDUCE:
+                last_backward = ops[graph.lanes[o.stage][-2]]
+                o.start_ms = max(last_backward.start_ms, o.end_ms - stages[o.stage].allreduce_ms)
+    return tuple(
+        sorted(
+            (Event(o.kind, o.stage, o.micro_batch, o.start_ms, o.end_ms, o.resource) for o in ops),
+            key=lambda e: (e.start_ms, e.stage, e.kind, e.micro_batch),
+        )
+    )
+
+
 def simulate(
     stages: Sequence[StageCost],
     schedule: Schedule,
@@ -296,134 +449,18 @@ def simulate(
     _check_costs(stages)
     schedule.validate()
     device_stage = _assign_devices(stages)
-    m = schedule.num_micro_batches
-
-    ops: List[_Op] = []
-    index: Dict[Tuple[str, int, int], int] = {}
-
-    def add(kind, stage, mb, resource, duration):
-        index[(kind, stage, mb)] = len(ops)
-        ops.append(_Op(kind, stage, mb, resource, float(duration)))
-        return len(ops) - 1
-
-    def depend(op, on):
-        ops[on].dependents.append(op)
-        ops[op].waiting += 1
-
-    lanes: List[List[int]] = []
-    for s, st in enumerate(stages):
-        lane = []
-        for task in schedule.stage_tasks[s]:
-            kind = {FORWARD: KIND_FORWARD, BACKWARD: KIND_BACKWARD}.get(task.kind, KIND_WEIGHT)
-            if kind == KIND_BACKWARD and st.recompute:
-                lane.append(add(KIND_RECOMPUTE, s, task.micro_batch, f"stage{s}", st.forward_ms))
-            if schedule.splits_backward and kind != KIND_FORWARD:
-                b_ms = st.input_gradient_ms(s)
-                lane.append(add(kind, s, task.micro_batch, f"stage{s}", b_ms if kind == KIND_BACKWARD
-                                else st.backward_ms - b_ms))
-                continue
-            if kind == KIND_BACKWARD and st.splits_backward:
-                lane.append(add(kind, s, task.micro_batch, f"stage{s}", st.backward_input_ms))
-                lane.append(add(KIND_WEIGHT, s, task.micro_batch, f"stage{s}", st.backward_ms - st.backward_input_ms))
-                continue
-            lane.append(add(kind, s, task.micro_batch, f"stage{s}", st.forward_ms if task.kind == FORWARD
-                            else st.backward_ms))
-        lanes.append(lane)
-    for s in range(num_stages - 1):
-        st = stages[s]
-        fwd_link = f"link{s}>{s + 1}" if duplex_links else f"link{s}-{s + 1}"
-        bwd_link = f"link{s + 1}>{s}" if duplex_links else f"link{s}-{s + 1}"
-        for i in range(m):
-            a = add(KIND_SEND_ACTIVATION, s, i, fwd_link, st.forward_transfer_ms)
-            depend(a, index[(KIND_FORWARD, s, i)])
-            depend(index[(KIND_FORWARD, s + 1, i)], a)
-            g = add(KIND_SEND_GRADIENT, s + 1, i, bwd_link, st.gradient_transfer_ms)
-            depend(g, index[(KIND_BACKWARD, s + 1, i)])
-            depend(index[(KIND_BACKWARD, s, i)], g)
-    for s, st in enumerate(stages):
-        last_backward = lanes[s][-1]
-        tail = min(st.overlapped_allreduce_tail_ms, st.allreduce_ms) if overlap_allreduce else st.allreduce_ms
-        ar = add(KIND_ALLREDUCE, s, -1, f"allreduce{s}", tail)
-        depend(ar, last_backward)
-        opt = add(KIND_OPTIMIZER, s, -1, f"stage{s}", st.optimizer_ms)
-        depend(opt, ar)
-        lanes[s].append(opt)
-
-    # Compute lanes run their fixed order; every other resource serves ready ops first come first.
-    lane_of = {f"stage{s}": lane for s, lane in enumerate(lanes)}
-    position = {name: 0 for name in lane_of}
-    busy_until: Dict[str, float] = {}
-    ready_queues: Dict[str, List[Tuple[float, int]]] = {}
-    heap: List[Tuple[float, int, int]] = []  # (end time, seq, op)
-    seq = 0
-    done = 0
-
-    def start(op_id, now):
-        nonlocal seq
-        op = ops[op_id]
-        op.start_ms, op.end_ms = now, now + op.duration
-        busy_until[op.resource] = op.end_ms
-        heapq.heappush(heap, (op.end_ms, seq, op_id))
-        seq += 1
-
-    def release(op_id, now):
-        op = ops[op_id]
-        op.waiting -= 1
-        if op.waiting == 0:
-            op.ready_ms = now
-            if op.resource not in lane_of:
-                heapq.heappush(ready_queues.setdefault(op.resource, []), (now, op_id))
-
-    def try_start(now):
-        progressed = True
-        while progressed:
-            progressed = False
-            for name, lane in lane_of.items():
-                p = position[name]
-                if p < len(lane) and busy_until.get(name, 0.0) <= now and ops[lane[p]].waiting == 0:
-                    position[name] = p + 1
-                    start(lane[p], now)
-                    progressed = True
-            for name, queue in ready_queues.items():
-                if queue and busy_until.get(name, 0.0) <= now:
-                    _, op_id = heapq.heappop(queue)
-                    start(op_id, now)
-                    progressed = True
-
-    for op in ops:
-        if op.waiting == 0 and op.resource not in lane_of:
-            heapq.heappush(ready_queues.setdefault(op.resource, []), (0.0, index[(op.kind, op.stage, op.micro_batch)]))
-    try_start(0.0)
-    while heap:
-        now = heap[0][0]
-        while heap and heap[0][0] == now:
-            _, _, op_id = heapq.heappop(heap)
-            done += 1
-            for d in ops[op_id].dependents:
-                release(d, now)
-        try_start(now)
-    if done != len(ops):
-        stuck = [f"{o.kind} stage {o.stage} mb {o.micro_batch}" for o in ops if o.start_ms is None][:4]
-        raise SimulationError("simulation cannot finish; stuck at " + ", ".join(stuck))
-
-    if overlap_allreduce:  # draw the whole AllReduce: it began during the last backward
-        for o in ops:
-            if o.kind == KIND_ALLREDUCE:
-                last_backward = ops[lanes[o.stage][-2]]
-                o.start_ms = max(last_backward.start_ms, o.end_ms - stages[o.stage].allreduce_ms)
-    events = tuple(
-        sorted(
-            (Event(o.kind, o.stage, o.micro_batch, o.start_ms, o.end_ms, o.resource) for o in ops),
-            key=lambda e: (e.start_ms, e.stage, e.kind, e.micro_batch),
-        )
-    )
-    iteration_ms = max((e.end_ms for e in events), default=0.0)
+    graph = _OpGraph()
+    graph.add_lanes(stages, schedule)
+    graph.add_transfers(stages, schedule.num_micro_batches, duplex_links)
+    graph.add_updates(stages, overlap_allreduce)
+    _Player(graph).play()
+    events = _events(graph, stages, overlap_allreduce)
     timelines = tuple(_memory_timeline(stages[s], s, events, schedule.splits_backward) for s in range(num_stages))
     return SimulationResult(
         schedule=schedule,
         stages=stages,
         events=events,
-        iteration_ms=iteration_ms,
+        iteration_ms=max((e.end_ms for e in events), default=0.0),
         micro_batch_size=micro_batch_size,
         device_stage=device_stage,
         memory_timeline=timelines,

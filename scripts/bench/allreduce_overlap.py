@@ -13,7 +13,8 @@ bounded by spare cores (inter-op threads: --inter_op_threads, 0 = TF's default).
 
 from absl import flags
 
-from scripts.cli import run_main, split_cpu
+from scripts.bench import harness
+from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("layers", 6, "Dense layers.")
@@ -50,28 +51,24 @@ def build(bucket_bytes):
     rng = np.random.RandomState(0)
     x = rng.randn(FLAGS.global_batch_size, FLAGS.width).astype(np.float32)
     y = rng.randn(FLAGS.global_batch_size, 1).astype(np.float32)
-    devices = [f"/device:CPU:{i}" for i in range(FLAGS.replicas)]
-    plan = dapple_tf.Plan.from_stages([(0, FLAGS.layers, devices)], FLAGS.micro_batches)
+    plan = harness.cpu_plan([(0, FLAGS.layers, range(FLAGS.replicas))], FLAGS.micro_batches)
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.set_random_seed(0)
         handle = dapple_tf.build_pipeline(_model_fn, tf.constant(x), tf.constant(y),
-                                          tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
+                                          harness.optimizer(), plan,
                                           dapple_tf.PipelineOptions(allreduce_bucket_bytes=bucket_bytes))
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": FLAGS.replicas},
-                                      inter_op_parallelism_threads=FLAGS.inter_op_threads)
+    config = harness.cpu_config(FLAGS.replicas, inter_op_parallelism_threads=FLAGS.inter_op_threads)
     sess = tf.compat.v1.Session(graph=graph, config=config)
     sess.run(handle.initializer)
     return sess, handle.train_op
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-
+    reject_arguments(argv)
     from profiler.timing import alternating_median_ms
 
-    split_cpu(FLAGS.replicas)
+    harness.split_cpu(FLAGS.replicas)
     params_mb = (FLAGS.layers * FLAGS.width * FLAGS.width + FLAGS.width) * 4 / 2**20
     print(f"MLP {FLAGS.layers} x {FLAGS.width} ({params_mb:.0f} MiB of weights), 1 stage x {FLAGS.replicas} "
           f"replicas, global batch {FLAGS.global_batch_size}, M={FLAGS.micro_batches}; {FLAGS.rounds} alternating "

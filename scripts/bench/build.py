@@ -15,11 +15,12 @@ False). `--json` writes rows with the keys M (null for plain TF), plan ("single"
 """
 
 import statistics
-import time
 
 from absl import flags
 
-from scripts.cli import run_main, split_cpu, write_rows
+from scripts.bench import harness
+from scripts.bench.harness import timed
+from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "bert", "Reference model.")
@@ -35,23 +36,12 @@ flags.DEFINE_list("rewrites", ["functions"], "Rewrites to measure: functions (ea
                   "build_pipeline) and/or clones (each stage imported per micro-batch, stage_functions=False).")
 
 
-def _optimizer(tf):
-    return tf.compat.v1.train.AdamOptimizer(1e-3) if FLAGS.optimizer == "adam" else \
-        tf.compat.v1.train.GradientDescentOptimizer(0.01)
-
-
-def _timed(fn):
-    start = time.perf_counter()
-    value = fn()
-    return value, time.perf_counter() - start
-
-
 def _run(tf, graph, init, train_op, config):
     """(init s, first step s, median steady step s) of a built graph."""
     with tf.compat.v1.Session(graph=graph, config=config) as sess:
-        _, init_s = _timed(lambda: sess.run(init))
-        _, first_s = _timed(lambda: sess.run(train_op))
-        steady = [_timed(lambda: sess.run(train_op))[1] for _ in range(max(1, FLAGS.steps))]
+        _, init_s = timed(lambda: sess.run(init))
+        _, first_s = timed(lambda: sess.run(train_op))
+        steady = [timed(lambda: sess.run(train_op))[1] for _ in range(max(1, FLAGS.steps))]
     return init_s, first_s, statistics.median(steady)
 
 
@@ -61,24 +51,24 @@ def measure(tf, spec, micro_batches, config, rewrite="functions"):
 
     graph = tf.Graph()
     with graph.as_default():
-        features, labels = spec.step_input_fn(FLAGS.global_batch_size)(tf.constant(0, tf.int64))
+        features, labels = harness.synthetic_batch(spec, FLAGS.global_batch_size)
 
         def build():
             if micro_batches is None:
-                op = _optimizer(tf).minimize(spec.model_fn(features, labels))
+                op = harness.optimizer(FLAGS.optimizer).minimize(spec.model_fn(features, labels))
                 return op, tf.compat.v1.global_variables_initializer()
             names = _layer_names(tf, spec)
             per = -(-len(names) // FLAGS.num_stages)
             stages = [(names[i], names[min(i + per, len(names)) - 1], [f"/device:CPU:{s}"])
                       for s, i in enumerate(range(0, len(names), per))]
             plan = dapple_tf.Plan.from_stages(stages, micro_batches)
-            handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, _optimizer(tf), plan,
+            handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, harness.optimizer(FLAGS.optimizer), plan,
                                               dapple_tf.PipelineOptions(stage_functions=rewrite == "functions"))
             for stage, reason in sorted(handle.function_fallbacks.items()):
                 print(f"  stage {stage} is imported per micro-batch: {reason}")
             return handle.train_op, handle.initializer
 
-        (train_op, init), build_s = _timed(build)
+        (train_op, init), build_s = timed(build)
         ops = len(graph.get_operations())
     init_s, first_s, step_s = _run(tf, graph, init, train_op, config)
     plan = "single" if micro_batches is None else f"straight{FLAGS.num_stages}-M{micro_batches}"
@@ -112,15 +102,13 @@ def _print_row(row, plain, base):
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-    split_cpu(FLAGS.num_stages)
+    reject_arguments(argv)
+    config = harness.virtual_cpus(FLAGS.num_stages)
     import tensorflow as tf
 
     import models
 
     spec = models.get_model(FLAGS.model, FLAGS.config, **models.parse_model_flags(FLAGS.model_flags))
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": FLAGS.num_stages})
     print(f"{FLAGS.model} ({FLAGS.model_flags}), global batch {FLAGS.global_batch_size}, {FLAGS.optimizer}, "
           f"{FLAGS.num_stages} virtual CPU devices")
     print(f"{'plan (single: plain TF)':22s} {'ops':>8s} {'build s':>8s} {'init s':>7s} {'1st step s':>10s} {'step s':>7s} "
@@ -137,7 +125,7 @@ def main(argv):
             rows.append(measure(tf, spec, m, config, rewrite))
             _print_row(rows[-1], plain, base)
             base = base or rows[-1]
-    write_rows(FLAGS.json, rows)
+    harness.write_rows(FLAGS.json, rows)
     return 0
 
 

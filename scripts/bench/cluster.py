@@ -10,13 +10,10 @@ distributed executor cost, not network bandwidth.
     python -m scripts.bench.cluster --hidden=512 --steps=30
 """
 
-import os
-import subprocess
-import sys
-
 from absl import flags
 
-from scripts.cli import run_main, split_cpu
+from scripts.bench import harness
+from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("hidden", 256, "Width of the MLP's 4 hidden layers.")
@@ -38,30 +35,25 @@ def measure(stages, device_name, target, config):
     import tensorflow as tf
 
     import dapple_tf
-    import models
     from profiler.timing import median_run_ms
 
-    spec = models.get_model("mlp", "tiny", hidden=[FLAGS.hidden] * 4)
+    spec = harness.mlp_spec(FLAGS.hidden)
     m = 1 if len(stages) == 1 else FLAGS.num_micro_batches
     plan = dapple_tf.Plan.from_stages([(a, b, [device_name(i) for i in ids]) for a, b, ids in stages], m)
     with tf.Graph().as_default():
-        features, labels = spec.step_input_fn(FLAGS.global_batch_size)(tf.constant(0, tf.int64))
-        handle = dapple_tf.build_pipeline(spec.model_fn, features, labels,
-                                          tf.compat.v1.train.GradientDescentOptimizer(0.01), plan)
+        features, labels = harness.synthetic_batch(spec, FLAGS.global_batch_size)
+        handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, harness.optimizer(), plan)
         with tf.compat.v1.Session(target, config=config) as sess:
             sess.run(handle.initializer)
             return median_run_ms(sess, handle.train_op, warmup=3, runs=FLAGS.steps) / 1e3
 
 
 def chief():
-    import tensorflow as tf
-
-    split_cpu(TASKS * DEVICES_PER_TASK)
+    local_config = harness.virtual_cpus(TASKS * DEVICES_PER_TASK)
     from dapple_tf.cluster.servers import TFCluster, session_config, wait_for_workers
 
     cluster = TFCluster.from_tf_config()
     wait_for_workers(cluster, 120)
-    local_config = tf.compat.v1.ConfigProto(device_count={"CPU": TASKS * DEVICES_PER_TASK})
     batch = FLAGS.global_batch_size
     print(f"MLP 4 x {FLAGS.hidden}, global batch {batch}; one process (6 virtual CPU devices) vs "
           f"local:{TASKS}x{DEVICES_PER_TASK} gRPC cluster; median of {FLAGS.steps} steps")
@@ -77,20 +69,15 @@ def chief():
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    reject_arguments(argv)
     if FLAGS.as_chief:
         return chief()
-    args = [f"--hidden={FLAGS.hidden}", f"--global_batch_size={FLAGS.global_batch_size}",
-            f"--num_micro_batches={FLAGS.num_micro_batches}", f"--steps={FLAGS.steps}", "--as_chief"]
-    launch = [sys.executable, "-m", "scripts.dapple_launch", f"--cluster=local:{TASKS}x{DEVICES_PER_TASK}", "--",
-              sys.executable, "-m", "scripts.bench.cluster", *args]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    lines = subprocess.run(launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in lines.stdout.splitlines():
-        if line.startswith("[chief] "):
-            print(line[len("[chief] "):])
-    return lines.returncode
+    chief_command = harness.module_command(
+        "scripts.bench.cluster", f"--hidden={FLAGS.hidden}", f"--global_batch_size={FLAGS.global_batch_size}",
+        f"--num_micro_batches={FLAGS.num_micro_batches}", f"--steps={FLAGS.steps}", "--as_chief")
+    code, _ = harness.stream_command(harness.launch_command(f"local:{TASKS}x{DEVICES_PER_TASK}", chief_command),
+                                     lambda line: line[len("[chief] "):] if line.startswith("[chief] ") else None)
+    return code
 
 
 def run():

@@ -13,12 +13,12 @@ All processes share this machine's cores: the differences are runtime overheads,
 """
 
 import os
-import subprocess
 import sys
 
 from absl import flags
 
-from scripts.cli import run_main, split_cpu
+from scripts.bench import harness
+from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("hidden", 256, "Width of the MLP's 4 hidden layers.")
@@ -30,31 +30,22 @@ M = 4
 STAGES = [(0, 1), (2, 4)]  # MLP layers dense_0..dense_3, head
 
 
-def _virtual_cpus(n):
-    import tensorflow as tf
-
-    split_cpu(n)
-    return tf.compat.v1.ConfigProto(device_count={"CPU": n})
-
-
 def measure(role):
     """Median step seconds of this role (rank 0 / the chief reports)."""
     import tensorflow as tf
 
     import dapple_tf
-    import models
     from profiler.timing import median_run_ms
 
-    spec = models.get_model("mlp", "tiny", hidden=[FLAGS.hidden] * 4)
-    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.01)
+    spec = harness.mlp_spec(FLAGS.hidden)
+    optimizer = harness.optimizer()
     after_init = []
     with tf.Graph().as_default():
-        features, labels = spec.step_input_fn(FLAGS.global_batch_size)(tf.constant(0, tf.int64))
+        features, labels = harness.synthetic_batch(spec, FLAGS.global_batch_size)
         target = ""
         if role == "single":
-            config = _virtual_cpus(4)
-            plan = dapple_tf.Plan.from_stages([(a, b, [f"/device:CPU:{2 * i}", f"/device:CPU:{2 * i + 1}"])
-                                               for i, (a, b) in enumerate(STAGES)], M)
+            config = harness.virtual_cpus(4)
+            plan = harness.cpu_plan([(a, b, [2 * i, 2 * i + 1]) for i, (a, b) in enumerate(STAGES)], M)
             handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, plan)
         elif role == "grpc":
             from dapple_tf.cluster.servers import TFCluster, session_config, wait_for_workers
@@ -66,7 +57,7 @@ def measure(role):
                                                for i, (a, b) in enumerate(STAGES)], M)
             handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, plan)
         else:
-            config = _virtual_cpus(2)
+            config = harness.virtual_cpus(2)
             import horovod.tensorflow as hvd
 
             from dapple_tf.frontends.horovod import HorovodPipeline
@@ -90,30 +81,27 @@ def measure(role):
 
 
 def _run(command):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in out.stdout.splitlines():
+    _, lines = harness.stream_command(command, lambda line: None)
+    for line in lines:
         if "STEP_S " in line:
             return float(line.split("STEP_S ")[1])
-    raise RuntimeError(f"{' '.join(command[:6])} ... failed:\n{out.stdout[-3000:]}")
+    raise RuntimeError(f"{' '.join(command[:6])} ... failed:\n{''.join(lines)[-3000:]}")
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    reject_arguments(argv)
     if FLAGS.role:
         step_s = measure(FLAGS.role)
         if FLAGS.role != "horovod" or os.environ.get("HOROVOD_RANK", "0") == "0":
             print(f"STEP_S {step_s}", flush=True)
         return 0
-    me = [sys.executable, "-m", "scripts.bench.horovod", f"--hidden={FLAGS.hidden}",
-          f"--global_batch_size={FLAGS.global_batch_size}", f"--steps={FLAGS.steps}"]
+    me = harness.module_command("scripts.bench.horovod", f"--hidden={FLAGS.hidden}",
+                                f"--global_batch_size={FLAGS.global_batch_size}", f"--steps={FLAGS.steps}")
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     runs = {
         "one process, 4 devices": me + ["--role=single"],
         "horovodrun -np 2 x 2 devices": [horovodrun, "-np", "2", "--gloo", "-H", "localhost:2"] + me + ["--role=horovod"],
-        "gRPC local:2x2": [sys.executable, "-m", "scripts.dapple_launch", "--cluster=local:2x2", "--"] + me
-        + ["--role=grpc"],
+        "gRPC local:2x2": harness.launch_command("local:2x2", me + ["--role=grpc"]),
     }
     batch = FLAGS.global_batch_size
     print(f"MLP 4 x {FLAGS.hidden}, global batch {batch}, 2 stages x 2 replicas, M={M}; median of {FLAGS.steps} steps")

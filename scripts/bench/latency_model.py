@@ -13,7 +13,8 @@ import statistics
 
 from absl import flags
 
-from scripts.cli import run_main, shared_profiles
+from scripts.bench import harness
+from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("profiles", None, "Folder with the shipped PipeDream profiles (default: ../shared/profiles beside this checkout).")
@@ -52,8 +53,7 @@ def printed_latency(est) -> float:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    reject_arguments(argv)
     from planner.planning import cost_model as cm
     from planner.formats.cluster import preset_cluster
     from planner.formats.model_profile import ModelProfile
@@ -64,7 +64,7 @@ def main(argv):
     rng = random.Random(FLAGS.seed)
     errors = {"with the pivot's wait": [], "printed formula 2": []}
     for name, gbs in PROFILES:
-        model = ModelProfile.from_proto(load_profile(f"{shared_profiles(FLAGS.profiles)}/{name}.txt"))
+        model = ModelProfile.from_proto(load_profile(harness.profile_path(name, FLAGS.profiles)))
         prefix = cm.Prefix(model)
         for config in ("paper_a", "paper_c"):
             cluster = preset_cluster(config)

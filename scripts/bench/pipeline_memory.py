@@ -16,18 +16,17 @@ that ran: the work RC adds (one forward per micro-batch), independent of the mac
     python -m scripts.bench.pipeline_memory --json=out.json # also machine-readable
 """
 
-import os
 import re
 import statistics
 import sys
 import time
 
-os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import flags
 
-from absl import flags  # noqa: E402
+from scripts.bench import harness
+from scripts.cli import run_main
 
-from scripts.cli import run_main, split_cpu, write_rows  # noqa: E402
+harness.use_bfc_allocator()
 
 FLAGS = flags.FLAGS
 _MATMUL_LABEL = re.compile(r" = (_Mkl)?MatMul\(")  # step stats' timeline_label "[memory] name = Type(inputs)"
@@ -87,14 +86,10 @@ def measure(schedule, num_micro_batches, recompute, hidden, micro_batch_size, la
         x = tf.constant(rng.randn(n, INPUT_WIDTH).astype(np.float32))
         y = tf.constant(rng.randn(n).astype(np.float32))
         half = layers // 2
-        plan = dapple_tf.Plan.from_stages(
-            [(0, half - 1, ["/device:CPU:0"]), (half, layers, ["/device:CPU:1"])], num_micro_batches=num_micro_batches
-        )
-        handle = dapple_tf.build_pipeline(model_fn_for(hidden, layers, depth), x, y,
-                                          tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
+        plan = harness.cpu_plan([(0, half - 1, [0]), (half, layers, [1])], num_micro_batches)
+        handle = dapple_tf.build_pipeline(model_fn_for(hidden, layers, depth), x, y, harness.optimizer(), plan,
                                           dapple_tf.PipelineOptions(schedule=schedule, recompute=recompute))
-        config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
-        with tf.compat.v1.Session(config=config) as sess:
+        with tf.compat.v1.Session(config=harness.cpu_config(2)) as sess:
             sess.run(handle.initializer)
             step = [handle.loss, handle.train_op]  # a training loop's fetches: the loss too
             sess.run(step)  # warm-up: allocator pools, constant folding
@@ -166,7 +161,7 @@ def paper_ratios(rows):
 
 def main(argv):
     del argv
-    split_cpu(2)
+    harness.split_cpu(2)
     ms = [int(m) for m in FLAGS.micro_batches]
     settings = [{"off": False, "on": True}[r] for r in FLAGS.recompute]
     rows = [
@@ -190,7 +185,7 @@ def main(argv):
     print(f"\n{'ratio':<42}{'ours':>7}{'paper':>7}")
     for what, value, paper in paper_ratios(rows):
         print(f"{what:<42}{value:>7.2f}{'-' if paper is None else f'{paper:.2f}':>7}")
-    write_rows(FLAGS.json, rows)
+    harness.write_rows(FLAGS.json, rows)
     return 0
 
 

@@ -11,7 +11,8 @@ import time
 
 from absl import flags
 
-from scripts.cli import run_main, shared_profiles
+from scripts.bench import harness
+from scripts.cli import run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("profiles", None, "Folder with bert-48-pbs-2.txt and gnmt-16-pbs-64.txt (default: "
@@ -40,9 +41,9 @@ def main(argv):
     from planner.formats.cluster import preset_cluster
     from planner.formats.profile import load_profile
 
-    folder = shared_profiles(FLAGS.profiles)
-    cases = [("bert-48", load_profile(f"{folder}/bert-48-pbs-2.txt"), "paper_a", None, 64, 0.5),
-             ("gnmt-16", load_profile(f"{folder}/gnmt-16-pbs-64.txt"), "paper_a", None, 1024, 5.0)]
+    cases = [("bert-48", load_profile(harness.profile_path("bert-48-pbs-2", FLAGS.profiles)), "paper_a", None, 64, 0.5),
+             ("gnmt-16", load_profile(harness.profile_path("gnmt-16-pbs-64", FLAGS.profiles)), "paper_a", None, 1024,
+              5.0)]
     if FLAGS.synthetic_layers:
         cases.append((f"synthetic-{FLAGS.synthetic_layers}", synthetic_profile(FLAGS.synthetic_layers), "paper_a",
                       FLAGS.synthetic_servers, 4096, 60.0))

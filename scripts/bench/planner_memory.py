@@ -16,15 +16,14 @@ CPU devices, and compare per device:
     python -m scripts.bench.planner_memory [--models=mlp,bert] [--micro_batch_size=8] [--json=out.json]
 """
 
-import os
 import sys
 
-os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import flags
 
-from absl import flags  # noqa: E402
+from scripts.bench import harness
+from scripts.cli import run_main
 
-from scripts.cli import run_main, split_cpu, write_rows  # noqa: E402
+harness.use_bfc_allocator()
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["mlp", "vgg19", "resnet50", "bert", "gnmt"], "Reference models (tiny configs).")
@@ -48,12 +47,11 @@ def measured_peaks(spec, plan, global_batch, steps=3):
     with tf.Graph().as_default():
         features = tf.nest.map_structure(tf.constant, x)
         labels = tf.nest.map_structure(tf.constant, y)
-        handle = dapple_tf.build_pipeline(spec.model_fn, features, labels,
-                                          tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
+        handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, harness.optimizer(), plan,
                                           dapple_tf.PipelineOptions(schedule="dapple"))
         variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
         metas = []
-        with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={"CPU": 2})) as sess:
+        with tf.compat.v1.Session(config=harness.cpu_config(2)) as sess:
             sess.run(handle.initializer)
             warmup = tf.compat.v1.RunMetadata()  # its partition graphs hold the constants each device keeps
             sess.run(handle.train_op, run_metadata=warmup,
@@ -95,8 +93,7 @@ def measure(name, mbs, m):
     prefix = cm.Prefix(model)
     n = model.num_layers
     cut = n // 2
-    plan = dapple_tf.Plan.from_stages([(0, cut - 1, ["/device:CPU:0"]), (cut, n - 1, ["/device:CPU:1"])],
-                                      num_micro_batches=m)
+    plan = harness.cpu_plan([(0, cut - 1, [0]), (cut, n - 1, [1])], m)
     warmup = [min(2 - i, m) for i in range(2)]  # policy A, the runtime's default for from_stages plans
     estimated = [cm.memory_bytes(prefix, a, e, mbs, k, optimizer_multiplier=0.0, num_micro_batches=m)
                  for (a, e), k in zip([(0, cut), (cut, n)], warmup)]
@@ -107,7 +104,7 @@ def measure(name, mbs, m):
 
 def main(argv):
     del argv
-    split_cpu(2)
+    harness.split_cpu(2)
     rows = [measure(name, FLAGS.micro_batch_size, FLAGS.micro_batches) for name in FLAGS.models]
     print(f"2 stages (layers cut in half), micro-batch {FLAGS.micro_batch_size}, M={FLAGS.micro_batches}, "
           "schedule dapple; per-device peak, MiB (estimated by the planner / measured, TF step stats)")
@@ -117,7 +114,7 @@ def main(argv):
         for est, meas in zip(r["estimated"], r["measured"]):
             cells += [f"{est / 2**20:>9.2f}", f"{meas / 2**20:>10.2f}", f"{est / meas if meas else 0:>6.2f}"]
         print(f"{r['model']:<10} " + " ".join(cells))
-    write_rows(FLAGS.json, rows)
+    harness.write_rows(FLAGS.json, rows)
     return 0
 
 

@@ -24,12 +24,12 @@ forward again before each backward.
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Sequence
 
 from absl import flags
 
-from scripts.cli import run_main, shared_profiles
+from scripts.bench import harness
+from scripts.cli import run_main
 
 BERT_STASH_MULTIPLIER = (65 + 9 * 16 * 512 / 1024) / 4  # 34.25, see the module docstring
 GIB = float(1 << 30)
@@ -51,7 +51,7 @@ flags.DEFINE_list("recompute", ["off"], "Re-computation settings (off, on): rows
 
 
 def _bert_profile() -> str:
-    return os.path.join(shared_profiles(), "bert-48-pbs-2.txt")
+    return harness.profile_path("bert-48-pbs-2")
 
 
 def table5_rows(profile_path: Optional[str] = None, micro_batches: Sequence[int] = (2, 3, 5, 8, 16),

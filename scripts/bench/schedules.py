@@ -8,11 +8,10 @@ costs: iteration time, its ratio to 1F1B, the largest device peak, and the sched
 into the plan (the fastest that fits).
 """
 
-import os
-
 from absl import flags
 
-from scripts.cli import run_main, shared_profiles, write_rows
+from scripts.bench import harness
+from scripts.cli import run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("profiles", None, "Folder with bert-48-pbs-2.txt and gnmt-16-pbs-64.txt (default: the shared "
@@ -32,10 +31,10 @@ def main(argv):
     from planner.formats.profile import load_profile
     from planner.formats.schedule import schedule_kind
 
-    folder, rows = shared_profiles(FLAGS.profiles), []
+    rows = []
     print("model           config   plan           M  schedule   iteration ms  x 1F1B  peak GiB  chosen")
     for name, batch, memory in CASES:
-        profile = load_profile(os.path.join(folder, name + ".txt"))
+        profile = load_profile(harness.profile_path(name, FLAGS.profiles))
         for config in CONFIGS:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -52,7 +51,7 @@ def main(argv):
                 print(f"{name:15s} {config:8s} {shape:13s} {row['M']:3d}  {kind:8s} {row['iteration_ms']:12.1f}  "
                       f"{row['ratio']:6.3f}  {row['peak_gib']:8.2f}  {'yes' if row['chosen'] else ''}"
                       + ("" if e.fits else "  (does not fit)"))
-    write_rows(FLAGS.json, rows)
+    harness.write_rows(FLAGS.json, rows)
     return 0
 
 

@@ -21,17 +21,12 @@ PNG with the measured timeline above the simulated one. Every process it starts 
 ends (dapple_launch's teardown), also when a worker dies (the launcher names it).
 """
 
-import json
 import os
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
 
 from absl import flags
 
-from scripts.cli import run_main
+from scripts.bench import harness
+from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "mlp", "Reference model (mlp, bert, vgg19, ...).")
@@ -79,8 +74,7 @@ def num_workers() -> int:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
+    reject_arguments(argv)
     if FLAGS.as_chief:
         from scripts.bench import speedup_chief
 
@@ -104,22 +98,17 @@ def main(argv):
             passed.append(f"--{name}={os.path.abspath(getattr(FLAGS, name))}")
     threads = [f"--{name}={getattr(FLAGS, name)}" for name in ("intra_op_threads", "inter_op_threads")
                if getattr(FLAGS, name) is not None]
-    launch = [sys.executable, "-m", "scripts.dapple_launch", f"--cluster=local:{n}x1",
-              f"--cores_per_worker={FLAGS.cores_per_worker}", *threads, "--grace=30", "--",
-              sys.executable, "-m", "scripts.bench.speedup", *passed]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    process = subprocess.Popen(launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        for line in process.stdout:
-            if line.startswith("[chief] "):
-                print(line[len("[chief] "):], end="", flush=True)
-            elif line.startswith("dapple_launch:") or "error" in line.lower():
-                print(line, end="", flush=True)
-    finally:
-        if process.poll() is None:
-            process.terminate()
-        code = process.wait()
+    launch = harness.launch_command(f"local:{n}x1", harness.module_command("scripts.bench.speedup", *passed),
+                                    f"--cores_per_worker={FLAGS.cores_per_worker}", *threads, "--grace=30")
+    code, _ = harness.stream_command(launch, _shown)
     return code
+
+
+def _shown(line):
+    """What the launcher's output shows: the chief's lines (unprefixed), the launcher's own and errors."""
+    if line.startswith("[chief] "):
+        return line[len("[chief] "):]
+    return line if line.startswith("dapple_launch:") or "error" in line.lower() else None
 
 
 def run():

@@ -5,14 +5,12 @@ Runs under dapple_launch (TF_CONFIG names the pinned workers). See bench_speedup
 
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import zlib
 from typing import Dict, List
 
-from scripts.bench import speedup_plans
-from scripts.cli import write_rows
+from scripts.bench import harness, speedup_plans
 
 WARMUP_STEPS = 3
 
@@ -36,9 +34,9 @@ def measure_profiles(flags_, model_args, cores, sizes, folder) -> Dict[int, str]
     for size in sizes:
         path = os.path.join(folder, f"{flags_.model}-{key:08x}-bs{size}.pbtxt")
         if not os.path.exists(path):
-            command = [sys.executable, "-m", "scripts.dapple_profile", f"--model={flags_.model}", f"--config={config}",
-                       f"--model_flags={model_flags}", f"--batch_size={size}", f"--threads={len(cores)}",
-                       f"--output={path}"]
+            command = harness.module_command(
+                "scripts.dapple_profile", f"--model={flags_.model}", f"--config={config}",
+                f"--model_flags={model_flags}", f"--batch_size={size}", f"--threads={len(cores)}", f"--output={path}")
             done = subprocess.run(command, capture_output=True, text=True,
                                   preexec_fn=lambda: os.sched_setaffinity(0, set(cores)))
             if done.returncode:
@@ -67,9 +65,8 @@ def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, 
     runtime_plan = dapple_tf.Plan.from_proto(plan.proto)
     with tf.Graph().as_default():
         with tf.device(runtime_plan.stages[0].devices[0]):
-            features, labels = spec.step_input_fn(global_batch_size)(tf.constant(0, tf.int64))
-        optimizer = (tf.compat.v1.train.AdamOptimizer(1e-3) if optimizer_name == "adam"
-                     else tf.compat.v1.train.GradientDescentOptimizer(0.01))
+            features, labels = harness.synthetic_batch(spec, global_batch_size)
+        optimizer = harness.optimizer(optimizer_name)
         bucket = None if bucket_mb is None else bucket_mb * 2**20
         functions = {"auto": None, "true": True, "false": False}[stage_functions]
         handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, runtime_plan,
@@ -97,7 +94,7 @@ def model_step(spec, batch_size):
     """One forward + backward of the model on `batch_size` synthetic samples (its gradient ops)."""
     import tensorflow as tf
 
-    features, labels = spec.step_input_fn(batch_size)(tf.constant(0, tf.int64))
+    features, labels = harness.synthetic_batch(spec, batch_size)
     loss = spec.model_fn(features, labels)
     grads = tf.gradients(loss, tf.compat.v1.trainable_variables(scope=tf.compat.v1.get_variable_scope().name))
     return [tf.convert_to_tensor(g).op for g in grads if g is not None]
@@ -187,7 +184,7 @@ def run(flags_, model_args) -> int:
         print(row_text(row), flush=True)
         if flags_.trace_dir:
             write_timelines(flags_.trace_dir, plan, metadata, handle, simulated)
-    write_rows(flags_.json, rows)
+    harness.write_rows(flags_.json, rows)
     del tf
     return 0
 

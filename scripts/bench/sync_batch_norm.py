@@ -9,11 +9,10 @@ clone forward (and two backward) and normalizes with plain ops instead of the fu
     python -m scripts.bench.sync_batch_norm --channels=32 --image_size=32 --global_batch_size=64
 """
 
-import time
-
 from absl import flags
 
-from scripts.cli import run_main, split_cpu
+from scripts.bench import harness
+from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("blocks", 4, "Conv + batch norm blocks.")
@@ -59,32 +58,25 @@ def build(batch_norm):
     x = rng.randn(n, size, size, 3).astype(np.float32)
     y = rng.randint(0, 10, n).astype(np.int32)
     half = FLAGS.blocks // 2
-    plan = dapple_tf.Plan.from_stages(
-        [(0, half - 1, ["/device:CPU:0", "/device:CPU:1"]), (half, FLAGS.blocks, ["/device:CPU:2", "/device:CPU:3"])],
-        FLAGS.micro_batches,
-    )
+    plan = harness.cpu_plan([(0, half - 1, [0, 1]), (half, FLAGS.blocks, [2, 3])], FLAGS.micro_batches)
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.set_random_seed(0)
-        start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", dapple_tf.BatchNormWarning)
-            handle = dapple_tf.build_pipeline(_model_fn, tf.constant(x), tf.constant(y),
-                                              tf.compat.v1.train.GradientDescentOptimizer(0.01), plan,
-                                              dapple_tf.PipelineOptions(batch_norm=batch_norm))
-        build_s = time.perf_counter() - start
-    sess = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(device_count={"CPU": 4}))
+            handle, build_s = harness.timed(lambda: dapple_tf.build_pipeline(
+                _model_fn, tf.constant(x), tf.constant(y), harness.optimizer(), plan,
+                dapple_tf.PipelineOptions(batch_norm=batch_norm)))
+    sess = tf.compat.v1.Session(graph=graph, config=harness.cpu_config(4))
     sess.run(handle.initializer)
     return sess, handle.train_op, build_s
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise ValueError(f"unexpected arguments: {' '.join(argv[1:])}")
-
+    reject_arguments(argv)
     from profiler.timing import alternating_median_ms
 
-    split_cpu(4)
+    harness.split_cpu(4)
     print(f"{FLAGS.blocks} conv+BN blocks x {FLAGS.channels} channels, {FLAGS.image_size}x{FLAGS.image_size} images, "
           f"global batch {FLAGS.global_batch_size}, M={FLAGS.micro_batches}, 2 stages x 2 replicas; "
           f"{FLAGS.rounds} alternating rounds of {FLAGS.steps} steps, median of the rounds' medians")

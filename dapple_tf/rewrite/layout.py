@@ -1,0 +1,54 @@
+"""`PipelineLayout`: the plan resolved against one model, made once by build_pipeline.
+
+It carries what the passes after the template read of the plan: the stages (layer ranges and
+devices), the micro-batch count M and size, the schedule (planner.formats.schedule), and which
+stages recompute. The passes take it instead of reading the plan.
+"""
+
+import dataclasses
+from typing import Optional, Tuple
+
+from dapple_tf.errors import PlanError
+from dapple_tf.plan import Plan, ResolvedStage
+from dapple_tf.rewrite import microbatch, recompute as recompute_lib
+from planner.formats.schedule import Schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineLayout:
+    """Stages, M, the micro-batch size, the schedule and the re-computation choice of one build."""
+
+    stages: Tuple[ResolvedStage, ...]
+    num_micro_batches: int
+    micro_batch_size: int
+    schedule: Schedule
+    recompute: Tuple[bool, ...]  # per stage
+
+    @property
+    def replication(self) -> Tuple[int, ...]:
+        return tuple(stage.replication for stage in self.stages)
+
+    def slice_sizes(self, stage: int) -> Tuple[int, ...]:
+        """Samples of each replica's slice of a micro-batch in `stage` (microbatch.slice_sizes)."""
+        return microbatch.slice_sizes(self.micro_batch_size, self.stages[stage].replication)
+
+    @classmethod
+    def of(cls, plan: Plan, template, schedule: Optional[str] = None, recompute=None) -> "PipelineLayout":
+        """The layout of `plan` for the model cut into its stages (`template`: a template.Template);
+        `schedule` and `recompute` as in PipelineOptions (None: the plan's)."""
+        stages = tuple(st.stage for st in template.stages)
+        if plan.global_batch_size and plan.global_batch_size != template.global_batch_size:
+            raise PlanError(
+                f"{plan.source}: the plan is for a global batch of {plan.global_batch_size} but the features hold "
+                f"{template.global_batch_size} samples"
+            )
+        micro_size = microbatch.micro_batch_size(
+            template.global_batch_size, plan.num_micro_batches, [s.replication for s in stages]
+        )
+        return cls(
+            stages=stages,
+            num_micro_batches=plan.num_micro_batches,
+            micro_batch_size=micro_size,
+            schedule=plan.schedule(schedule or plan.schedule_kind or "dapple"),
+            recompute=recompute_lib.stages_to_recompute(recompute, plan.recompute, len(stages)),
+        )

@@ -1,0 +1,190 @@
+"""The steps of dapple_demo, the end-to-end demo on this machine's CPU: the digits data, profiling the
+reference MLP, planning it (the DAPPLE planner or a forced S-stage plan), building and training the
+pipelined graph, the test accuracy and the measured speedup of a 2-worker pipeline.
+"""
+
+import dataclasses
+import time
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoSettings:
+    """dapple_demo's flags (the same names and defaults; its --help says what each means)."""
+
+    num_devices: int = 4
+    num_stages: int = 0
+    steps: int = 300
+    global_batch_size: int = 64
+    num_micro_batches: int = 4
+    learning_rate: float = 0.01
+    log_every: int = 50
+    schedule: str = "dapple"
+    seed: int = 0
+    speedup: bool = True
+
+
+@dataclasses.dataclass
+class _Built:
+    """The pipelined training graph, its feeds and the test-set predictions of its weights."""
+
+    graph: object
+    handle: object
+    features: object
+    labels: object
+    predictions: object
+
+
+def load_digits(seed):
+    """scikit-learn's bundled digits (offline): (x_train, y_train, x_test, y_test), 80/20 split."""
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    data = sk_load_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    y = data.target.astype(np.int32)
+    order = np.random.default_rng(seed).permutation(len(x))
+    cut = int(0.8 * len(x))
+    return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
+
+
+def forced_plan(profile, num_stages, devices, num_micro_batches):
+    """An S-stage dapple_tf.Plan: cuts balancing profiled forward+backward time, devices split evenly."""
+    import dapple_tf
+    from planner.planning.baselines import balanced_partition
+
+    n = len(profile.layers)
+    if not 1 <= num_stages <= min(n, len(devices)):
+        raise ValueError(f"--num_stages must be between 1 and {min(n, len(devices))} "
+                         f"(layers: {n}, devices: {len(devices)}), got {num_stages}")
+    costs = [layer.forward_ms + layer.backward_ms + 1e-6 for layer in profile.layers]
+    cuts = sorted(balanced_partition(costs, list(range(1, n)), num_stages))
+    for c in range(1, n):  # balanced_partition may use fewer blocks: add cuts until there are S
+        if len(cuts) + 1 >= num_stages:
+            break
+        if c not in cuts:
+            cuts = sorted(cuts + [c])
+    bounds = [0] + cuts + [n]
+    per = len(devices) // num_stages
+    stages = [(bounds[i], bounds[i + 1] - 1, devices[i * per:(i + 1) * per]) for i in range(num_stages)]
+    return dapple_tf.Plan.from_stages(stages, num_micro_batches=num_micro_batches), stages
+
+
+def profile_step(spec, s: DemoSettings):
+    """1. The MLP profiled layer by layer on /device:CPU:0 at one micro-batch, printed."""
+    import profiler
+
+    profile_batch = max(1, s.global_batch_size // max(1, s.num_micro_batches))
+    profile = profiler.profile_spec(spec, profile_batch, "/device:CPU:0", warmup=2, runs=5, model_name="mlp-digits")
+    print(f"\n== profile (batch {profile_batch}, /device:CPU:0) ==")
+    for layer in profile.layers:
+        print(f"  {layer.name:8s} forward {layer.forward_ms:.3f} ms  backward {layer.backward_ms:.3f} ms  "
+              f"activations {layer.activation_bytes:.0f} B  parameters {layer.parameter_bytes:.0f} B")
+    return profile
+
+
+def plan_step(profile, devices, s: DemoSettings):
+    """2. The forced --num_stages plan, or the DAPPLE planner's for the local cluster, printed."""
+    import dapple_tf
+    from planner.planning import api as planner_api
+    from planner.formats.cluster import local_cluster
+    from planner.planning.report import summarize
+
+    print("\n== plan ==")
+    if s.num_stages:
+        plan, stages = forced_plan(profile, s.num_stages, devices, s.num_micro_batches)
+        print(f"forced {s.num_stages}-stage plan (--num_stages), M = {s.num_micro_batches} micro-batches:")
+        for i, (first, last, devs) in enumerate(stages):
+            print(f"  stage {i}: layers {first}-{last} ({profile.layers[first].name}..{profile.layers[last].name}),"
+                  f" devices {', '.join(devs)}")
+        return plan
+    plan_proto = planner_api.plan(profile, local_cluster(s.num_devices), s.global_batch_size, planner="dapple")
+    print(summarize(plan_proto))
+    return dapple_tf.Plan.from_proto(plan_proto)
+
+
+def build_step(spec, plan, x_test, s: DemoSettings) -> _Built:
+    """3. The pipelined training graph of the plan, and the predictions on the test images; its schedule printed."""
+    import tensorflow as tf
+
+    import dapple_tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(s.seed)
+        features = tf.compat.v1.placeholder(tf.float32, [s.global_batch_size, 64], name="features")
+        labels = tf.compat.v1.placeholder(tf.int32, [s.global_batch_size], name="labels")
+        optimizer = tf.compat.v1.train.AdamOptimizer(s.learning_rate)
+        handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, plan,
+                                          dapple_tf.PipelineOptions(schedule=s.schedule))
+        test_x = tf.constant(x_test)
+        with tf.compat.v1.variable_scope("", reuse=True), dapple_tf.LayerRecorder(graph).activate():
+            predictions = tf.argmax(spec.predict_fn(test_x), axis=1, output_type=tf.int32)
+    print(f"\n== schedule (micro-batch size {handle.micro_batch_size}) ==")
+    print(handle.schedule)
+    return _Built(graph, handle, features, labels, predictions)
+
+
+def train_step(built: _Built, x_train, y_train, y_test, s: DemoSettings) -> float:
+    """4-5. Trains on random batches of the training split, printing loss and throughput; the test accuracy."""
+    import tensorflow as tf
+
+    print(f"\n== training: {s.steps} steps of {s.global_batch_size} samples on {s.num_devices} "
+          "virtual CPU devices ==")
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": s.num_devices}, allow_soft_placement=False)
+    rng = np.random.default_rng(s.seed)
+    handle = built.handle
+    with tf.compat.v1.Session(graph=built.graph, config=config) as sess:
+        sess.run(handle.initializer)
+        losses, interval_start = [], time.time()
+        for step in range(1, s.steps + 1):
+            idx = rng.choice(len(x_train), s.global_batch_size, replace=False)
+            feed = {built.features: x_train[idx], built.labels: y_train[idx]}
+            _, loss = sess.run([handle.train_op, handle.loss], feed)
+            losses.append(loss)
+            if step % s.log_every == 0 or step == s.steps:
+                elapsed = time.time() - interval_start
+                print(f"step {step:4d}  loss {np.mean(losses):.4f}  "
+                      f"{len(losses) * s.global_batch_size / elapsed:8.0f} samples/s", flush=True)
+                losses, interval_start = [], time.time()
+        return float(np.mean(sess.run(built.predictions) == y_test))
+
+
+def speedup_section() -> None:
+    """6. The measured speedup of 2 pinned workers over one (scripts/bench/speedup.py), or why it is skipped."""
+    import subprocess
+    import sys
+
+    from dapple_tf.cluster.servers import usable_cores
+
+    cores = len(usable_cores())
+    if cores < 2:
+        print(f"\n(speedup over one worker skipped: this machine has {cores} core; it needs 2 pinned workers)")
+        return
+    print("\n== speedup: 2 pinned worker processes (1 core each) vs one, measured and simulated ==", flush=True)
+    command = [sys.executable, "-m", "scripts.bench.speedup", "--num_workers=2", "--micro_batches=4",
+               "--plans=single,straight2-M4", "--gpipe=false", "--steps=5"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if not line.startswith(("profile at", "dapple_launch:"))]
+    print("\n".join(lines), flush=True)
+    if done.returncode:
+        print(f"(the speedup benchmark failed: {done.stderr.strip().splitlines()[-1:]})")
+
+
+def run_demo(s: DemoSettings, start: float) -> int:
+    """The whole demo (the process's CPU already split into s.num_devices devices; `start`: its time.time() at
+    the start, for the total time); returns the exit code."""
+    import models
+
+    x_train, y_train, x_test, y_test = load_digits(s.seed)
+    print(f"data: scikit-learn digits, {len(x_train)} training and {len(x_test)} test images of 8x8 = 64 pixels")
+    spec = models.get_model("mlp", "tiny")
+    devices = [f"/device:CPU:{i}" for i in range(s.num_devices)]
+    profile = profile_step(spec, s)
+    plan = plan_step(profile, devices, s)
+    built = build_step(spec, plan, x_test, s)
+    accuracy = train_step(built, x_train, y_train, y_test, s)
+    print(f"\ntest accuracy: {accuracy:.4f} ({len(y_test)} images); total time {time.time() - start:.1f} s")
+    if s.speedup:
+        speedup_section()
+    return 0
