@@ -14,7 +14,7 @@ def run(*args):
 
 def test_plan_all_writes_json(tmp_path):
     out = str(tmp_path / "plan.json")
-    r = run(f"--profile={VGG}", "--global_batch_size=2048", "--cluster=paper_b", "--planner=all", f"--output={out}")
+    r = run(f"--profile={VGG}", "--global_batch_size=256", "--cluster=paper_b", "--planner=all", f"--output={out}")
     assert r.returncode == 0, r.stderr
     for name in ("dp ", "dp_overlap", "straight", "gpipe", "pipedream", "dapple"):
         assert name in r.stdout
