@@ -69,19 +69,18 @@ class Plan:
         self.warmup = tuple(warmup) if warmup is not None else None
         self.expected_layer_names = expected_layer_names
         self.source = source
-        self.schedule_kind = schedule_kind  # from a plan file: "dapple", "gpipe" or None
+        self.schedule_kind = schedule_kind  # from a plan file (a planner.formats.schedule kind) or None
         self.global_batch_size = global_batch_size  # from a plan file; 0 if unknown
-        seen = {}
         for i, stage in enumerate(self.stages):
             if not stage.devices:
                 raise PlanError(f"{source}: stage {i} has no devices")
             for device in stage.devices:
                 if not isinstance(device, str):
                     raise PlanError(f"{source}: stage {i}: a device is a string such as '/cpu:0', got {device!r}")
-                if device in seen:
-                    where = f"stages {seen[device]} and {i}" if seen[device] != i else f"stage {i} twice"
-                    raise PlanError(f"{source}: device {device!r} is used by {where}; each device runs one replica")
-                seen[device] = i
+        try:
+            self.num_device_groups = schedule_lib.device_groups([s.devices for s in self.stages])
+        except schedule_lib.ScheduleError as e:
+            raise PlanError(f"{source}: {e}") from e
 
     def __repr__(self) -> str:
         stages = ", ".join(f"({s.first_layer!r}, {s.last_layer!r}, {list(s.devices)})" for s in self.stages)
@@ -89,7 +88,15 @@ class Plan:
 
     @property
     def devices(self) -> Tuple[str, ...]:
-        return tuple(d for s in self.stages for d in s.devices)
+        """Every device of the plan, once (stages that share devices, interleaved, list them again)."""
+        return tuple(dict.fromkeys(d for s in self.stages for d in s.devices))
+
+    @property
+    def default_schedule(self) -> str:
+        """The plan file's schedule; else "interleaved" where stages share devices, "dapple" otherwise."""
+        if self.schedule_kind:
+            return self.schedule_kind
+        return schedule_lib.INTERLEAVED if self.num_device_groups < len(self.stages) else "dapple"
 
     @property
     def recompute(self) -> Tuple[bool, ...]:
@@ -208,13 +215,14 @@ class Plan:
             )
         return tuple(resolved)
 
-    def schedule(self, kind: str = "dapple") -> schedule_lib.Schedule:
-        """The per-stage task order for `kind` (planner.formats.schedule.SCHEDULE_KINDS); the warm-up policy and
+    def schedule(self, kind: Optional[str] = None) -> schedule_lib.Schedule:
+        """The task order for `kind` (planner.formats.schedule.SCHEDULE_KINDS; None: `default_schedule`); the warm-up policy and
         counts are DAPPLE's (the other kinds set their own)."""
+        kind = kind or self.default_schedule
         try:
             return schedule_lib.build_schedule(
                 len(self.stages), self.num_micro_batches, kind=kind, policy=self.policy,
-                warmup=self.warmup if kind in ("dapple", "zb-h1") else None,
+                warmup=self.warmup if kind in ("dapple", "zb-h1") else None, num_lanes=self.num_device_groups,
             )
         except schedule_lib.ScheduleError as e:
             raise PlanError(f"{self.source}: {e}") from e

@@ -22,7 +22,10 @@ flags.DEFINE_integer("num_servers", None, "Servers in a paper_* cluster (default
 flags.DEFINE_integer("global_batch_size", None, "Global batch size.")
 flags.DEFINE_string("plan", None, "A plan file to simulate (instead of --planner).")
 flags.DEFINE_string("planner", "dapple", "Planner to run when no --plan is given.")
-flags.DEFINE_enum("schedule", "dapple", list(SCHEDULE_KINDS), "Schedule to simulate.")
+flags.DEFINE_enum("schedule", "dapple", list(SCHEDULE_KINDS), "Schedule to simulate (a plan whose stages share "
+                  "devices: interleaved). interleaved on a plan whose stages have devices of their own simulates its "
+                  "variant with --virtual_stages stages per device group, the model cut again.")
+flags.DEFINE_integer("virtual_stages", 2, "Stages per device group of --schedule=interleaved's variant.")
 flags.DEFINE_enum("policy", None, ["A", "B"], "DAPPLE warm-up policy (default: the plan's K_i).")
 flags.DEFINE_string("trace", None, "Write a Chrome-trace JSON here.")
 flags.DEFINE_string("png", None, "Write a PNG Gantt chart (with memory over time) here.")
@@ -52,10 +55,11 @@ def main(argv):
             raise ValueError("--global_batch_size is required with --planner")
         cluster = load_cluster(FLAGS.cluster, FLAGS.num_servers)
         plan = api.plan(profile, cluster, FLAGS.global_batch_size, planner=FLAGS.planner)
+    plan = _interleaved_if_asked(plan, profile)
     if FLAGS.recompute is not None:
         for stage in plan.stages:
             stage.recompute = FLAGS.recompute
-    result = simulate_plan(plan, profile, cluster, schedule=FLAGS.schedule, policy=FLAGS.policy,
+    result = simulate_plan(plan, profile, cluster, schedule=_schedule(plan), policy=FLAGS.policy,
                            overlap_allreduce=FLAGS.overlap_allreduce, duplex_links=FLAGS.duplex_links,
                            activation_multiplier=FLAGS.activation_multiplier)
     print(f"plan: {plan.planner or 'unknown'} planner, {len(plan.stages)} stages "
@@ -75,6 +79,31 @@ def main(argv):
         info = draw_gantt(result, FLAGS.png)
         print(f"wrote {FLAGS.png} ({sum(info.rows)} rows, {info.total_boxes} boxes)")
     return 0
+
+
+def _interleaved_if_asked(plan, profile):
+    from planner.formats.schedule import INTERLEAVED
+    from planner.planning.interleave import interleaved_plan, why_not
+    from planner.simulation.sim_adapter import model_profile
+
+    if FLAGS.schedule != INTERLEAVED or _shares_devices(plan):
+        return plan
+    model = model_profile(profile)
+    variant = interleaved_plan(plan, model, FLAGS.virtual_stages)
+    if variant is None:
+        raise ValueError(f"the plan has no interleaved variant: {why_not(plan, model, FLAGS.virtual_stages)}")
+    return variant
+
+
+def _shares_devices(plan) -> bool:
+    from planner.formats.schedule import device_groups
+
+    return device_groups([tuple(s.device_ids) for s in plan.stages]) < len(plan.stages)
+
+
+def _schedule(plan) -> str:
+    """--schedule; a plan whose stages share devices runs interleaved unless --schedule names another."""
+    return "interleaved" if _shares_devices(plan) and not FLAGS["schedule"].present else FLAGS.schedule
 
 
 def run():

@@ -55,7 +55,9 @@ flags.DEFINE_integer("num_devices", 4, "Virtual CPU devices when running in one 
 flags.DEFINE_integer("global_batch_size", None, "Samples per step, all processes together (default: the plan file's).")
 flags.DEFINE_enum("backend", "tf", ["tf", "horovod"], "tf: this process or a TF cluster (TF_CONFIG); horovod: one "
                   "process of horovodrun, with a --plan from dapple_plan --backend=horovod.")
-flags.DEFINE_enum("schedule", None, list(SCHEDULE_KINDS), "Pipeline schedule (default: the plan's, else dapple).")
+flags.DEFINE_enum("schedule", None, list(SCHEDULE_KINDS), "Pipeline schedule (default: the plan's, else dapple); "
+                  "without --plan, the planner weighs this schedule only (interleaved: its plan with two stages per "
+                  "device).")
 flags.DEFINE_enum("batch_norm", "per_slice", ["per_slice", "sync"],
                   "Batch norm statistics in replicated stages: per replica's slice, or synchronized over the "
                   "stage's replicas (the whole micro-batch).")

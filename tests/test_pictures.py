@@ -120,6 +120,21 @@ def test_simulate_cli_writes_trace_and_png(tmp_path):
     doc = json.loads(trace.read_text())
     assert sum(1 for e in doc["traceEvents"] if e["ph"] == "X") == 50
     assert png_size(str(png))[0] == 1200
+    # the same plan's interleaved variant: each device runs two stages, 2 rows still
+    result = run_program("dapple_simulate", f"--profile={BERT}", f"--plan={plan_path}", "--schedule=interleaved",
+                         f"--png={png}", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "plan: manual planner, 4 stages (1:1:1:1 devices), global batch 16 = 8 x 2" in result.stdout
+    assert "interleaved schedule, S=4, M=8, K=[5, 3], micro-batch size 2" in result.stdout
+    assert "analytic" not in result.stdout  # formula 2 costs the plan's own partition, not the variant
+    # 2 devices x 2 stages x (8 F + 8 B + optimizer) + 3 cuts x (8 activations + 8 gradients)
+    assert f"wrote {png} (2 rows, 116 boxes)" in result.stdout
+    result = run_program("dapple_simulate", f"--profile={BERT}", f"--plan={plan_path}", "--schedule=interleaved",
+                         "--virtual_stages=1", timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the plan has no interleaved variant: an interleaved variant needs at least 2 stages per device group, "
+        "got 1")
 
 
 def test_simulate_cli_errors():

@@ -64,6 +64,21 @@ def test_zero_bubble_matches_single_device(values, name, stages, m, n, schedule,
     assert handle.schedule.splits_backward
 
 
+INTERLEAVED_PLANS = [
+    ("2 groups x 2 chunks", [(0, 0, [cpu(0)]), (1, 1, [cpu(1)]), (2, 2, [cpu(0)]), (3, 4, [cpu(1)])], 4, 16),
+    ("2:1 groups x 2 chunks", [(0, 0, [cpu(0), cpu(1)]), (1, 1, [cpu(2)]), (2, 2, [cpu(0), cpu(1)]),
+                               (3, 4, [cpu(2)])], 2, 16),
+]
+
+
+@pytest.mark.parametrize("name,stages,m,n", INTERLEAVED_PLANS, ids=[p[0] for p in INTERLEAVED_PLANS])
+def test_interleaved_matches_single_device(values, name, stages, m, n, stage_functions):
+    """Stages that share devices round-robin (virtual stages), each group running its stages' merged order
+    (straight, replicated with split/concat, skips across stages): the same training as one device."""
+    handle = _check_matches_single_device(values, stages, m, n, "interleaved", stage_functions)
+    assert handle.schedule.num_lanes == len({tuple(devices) for _, _, devices in stages})
+
+
 def _check_matches_single_device(values, stages, m, n, schedule, stage_functions):
     x, y = toy_models.batch(n)
     model_fn = toy_models.skip_model_fn(values)

@@ -57,6 +57,22 @@ def test_device_used_twice():
         build(stages=[(0, 1, [cpu(0)]), (2, 4, [cpu(0)])])
 
 
+INTERLEAVED_STAGES = [(0, 0, [cpu(0)]), (1, 1, [cpu(1)]), (2, 2, [cpu(0)]), (3, 4, [cpu(1)])]
+
+
+def test_stages_that_share_devices_need_the_interleaved_schedule():
+    with pytest.raises(PlanError, match=r"manual: 4 stages on 2 device groups share devices; only the 'interleaved' "
+                                        r"schedule runs several stages on one device, not 'dapple'"):
+        build(stages=INTERLEAVED_STAGES, m=4)
+    with pytest.raises(PlanError, match=r"manual: the interleaved schedule needs M \(3\) to be a multiple of the "
+                                        r"device groups \(2\)"):
+        build(stages=INTERLEAVED_STAGES, m=3, n=12, schedule="interleaved")
+    with pytest.raises(PlanError, match=r"manual: stage 3 runs on \['/device:CPU:1'\], but stages that share devices "
+                                        r"must take the 3 device groups round-robin"):
+        build(stages=[(0, 0, [cpu(0)]), (1, 1, [cpu(1)]), (2, 2, [cpu(2)]), (3, 4, [cpu(1)])], m=4)
+    assert build(stages=INTERLEAVED_STAGES, m=4, schedule=None).schedule.kind == "interleaved"  # the default
+
+
 def test_empty_slice():
     with pytest.raises(PlanError, match=r"stage 0 is replicated on 3 devices but a micro-batch has only 2 samples"):
         build(stages=[(0, 1, [cpu(0), cpu(1), cpu(2)]), (2, 4, [cpu(3)])], m=4)

@@ -30,26 +30,31 @@ def executed_tasks(run_metadata, handle):
     return {d: sorted(v, key=lambda x: x[0]) for d, v in per_device.items()}
 
 
-@pytest.mark.parametrize("schedule", ["dapple", "gpipe", "zb-h1", "zb-h2"])
-def test_each_device_runs_its_stage_order(schedule):
+THREE_STAGES = [(0, 1, [cpu(0), cpu(1)]), (2, 2, [cpu(2)]), (3, 4, [cpu(3)])]
+INTERLEAVED = [(0, 0, [cpu(0), cpu(1)]), (1, 1, [cpu(2)]), (2, 2, [cpu(0), cpu(1)]), (3, 4, [cpu(2)])]
+
+
+@pytest.mark.parametrize("schedule,stages", [("dapple", THREE_STAGES), ("gpipe", THREE_STAGES),
+                                             ("zb-h1", THREE_STAGES), ("zb-h2", THREE_STAGES),
+                                             ("interleaved", INTERLEAVED)])
+def test_each_device_runs_its_stage_order(schedule, stages):
+    """Each device runs its stage's order (interleaved: its device group's merged order of several stages)."""
     x, y = toy_models.batch(16)
-    plan = dapple_tf.Plan.from_stages(
-        [(0, 1, [cpu(0), cpu(1)]), (2, 2, [cpu(2)]), (3, 4, [cpu(3)])], num_micro_batches=4
-    )
+    plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=4)
     metadata = tf.compat.v1.RunMetadata()
     sgd = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)  # noqa: E731
     *_, handle, _ = train_pipelined(
         toy_models.skip_model_fn(toy_models.initial_values()), x, y, sgd, plan, schedule, 1, run_metadata=metadata
     )
     order = executed_tasks(metadata, handle)
-    stage_of_device = {d: s.index for s in handle.stages for d in s.devices}
-    assert set(order) == set(stage_of_device)
+    lane_of_device = {d: handle.schedule.lane_of(s.index) for s in handle.stages for d in s.devices}
+    assert set(order) == set(lane_of_device)
     for device, spans in order.items():
         has_ops = {task for (d, task, _), names in handle.task_op_names.items() if d == device and names}
         # the first stage's B tasks are empty under zero bubble: it sends no input gradient
-        expected = [str(t) for t in handle.schedule.stage_tasks[stage_of_device[device]] if t in has_ops]
-        assert len(expected) >= 2 * plan.num_micro_batches
-        assert [str(task) for _, task in spans] == expected, device
+        expected = [t.label for t in handle.schedule.lane_tasks[lane_of_device[device]] if t in has_ops]
+        assert len(expected) >= 2 * plan.num_micro_batches * len(handle.schedule.lane_stages(lane_of_device[device]))
+        assert [task.label for _, task in spans] == expected, device
         for ((_, end), _), ((start, _), task) in zip(spans, spans[1:]):
             assert end <= start, f"{device}: {task} started before the previous task ended"
 

@@ -52,6 +52,15 @@ def test_recompute_with_zero_bubble_matches_single_device(name, stages, m, n, sc
     assert kinds == {(True, BACKWARD), (True, WEIGHT), (False, WEIGHT)}
 
 
+def test_recompute_with_interleaved_matches_single_device():
+    """Re-computation of stages that share devices (2:1 groups, two stages each): in each backward task."""
+    stages = [(0, 0, [cpu(0), cpu(1)]), (1, 1, [cpu(2)]), (2, 2, [cpu(0), cpu(1)]), (3, 4, [cpu(2)])]
+    handle = _recomputed_matches_single_device(stages, 2, 16, "interleaved")
+    kinds = {(task.stage, task.kind) for (_, task, _), names in handle.task_op_names.items() for n in names
+             if "/recompute/" in n}
+    assert kinds == {(s, BACKWARD) for s in range(4)}
+
+
 SGD = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)  # noqa: E731
 OTHER_MODELS = [  # (model_fn, batch, stages): the other models of the equivalence suite
     (toy_models.tied_model_fn(toy_models.initial_values()), toy_models.batch(12),

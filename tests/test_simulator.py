@@ -158,3 +158,25 @@ def test_explicit_allreduce_tail():
     assert (ar0.start_ms, ar0.end_ms) == (7.0, 9.5)  # drawn from the last backward's start (7)
     assert r.iteration_ms == 9.5
     assert simulate(costs, build_schedule(2, 2, "dapple")).iteration_ms == 12.0  # no overlap: all 3 ms
+
+
+def test_interleaved_divides_the_bubble_by_the_stages_per_device():
+    """Two devices, stage s on device s % 2 (F = 1, B = 2 ms each): (M + (S/v - 1) / v)(F + B) per device, 27 ms at
+    M = 4, where 1F1B with the same two devices as two stages of twice the layers takes (M + 1) 6 = 30 ms. A
+    device's memory is its stages' together."""
+    costs = [StageCost(1.0, 2.0, devices=(s % 2,), static_bytes=10.0, activation_bytes=1.0) for s in range(4)]
+    schedule = build_schedule(4, 4, "interleaved", num_lanes=2)
+    r = simulate(costs, schedule)
+    assert r.iteration_ms == 27.0
+    assert simulate([StageCost(2.0, 4.0)] * 2, build_schedule(2, 4, "dapple")).iteration_ms == 30.0
+    assert r.device_stage == {0: 0, 1: 1} and r.device_stages(1) == (1, 3) and r.stage_devices(3) == [1]
+    assert r.bubble_fraction[0] == pytest.approx(1 - 24 / 27)
+    assert r.peak_memory_bytes == {0: 20.0 + schedule.lane_peak_in_flight(0), 1: 20.0 + schedule.lane_peak_in_flight(1)}
+    assert {e.resource for e in r.events if e.kind == "forward"} == {"group0", "group1"}
+    assert {e.resource for e in r.events if e.kind == "send_activation"} == {"link0>1", "link1>0"}
+    for group, tasks in enumerate(schedule.lane_tasks):  # each device runs its group's order
+        boxes = sorted((e for s in (group, group + 2) for e in r.stage_events(s, ("forward", "backward"))),
+                       key=lambda e: e.start_ms)
+        assert [(e.stage, e.label) for e in boxes] == [(t.stage, str(t)) for t in tasks]
+    with pytest.raises(SimulationError, match=r"stage 2 runs on devices \[1\] but its device group 0 \(stage 0\) on \[0\]"):
+        simulate([StageCost(1.0, 2.0, devices=(d,)) for d in (0, 1, 1, 0)], schedule)

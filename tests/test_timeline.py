@@ -22,14 +22,14 @@ PLANS = {
 LOCAL = "/job:localhost/replica:0/task:0"
 
 
-def traced_step(stages, partition_graphs=True):
+def traced_step(stages, partition_graphs=True, schedule="dapple"):
     """Builds the dapple pipeline of the toy model for `stages`, runs a step, traces the next one."""
     x, y = toy_models.batch(8)
     plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=M)
     with tf.Graph().as_default():
         handle = dapple_tf.build_pipeline(toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x),
                                           tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
-                                          dapple_tf.PipelineOptions(schedule="dapple"))
+                                          dapple_tf.PipelineOptions(schedule=schedule))
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
                                           output_partition_graphs=partition_graphs)
         metadata = tf.compat.v1.RunMetadata()
@@ -150,3 +150,28 @@ def test_a_later_stage_backward_is_drawn_as_input_then_weight_gradients(traced):
         assert w[m].start_ms == b[m].end_ms < w[m].end_ms
     assert not [e for e in measured.events if e.kind == KIND_WEIGHT and e.stage == 0]
     assert measured.stages[1].backward_input_ms is not None and measured.stages[0].backward_input_ms is None
+
+
+def test_interleaved_boxes_per_device_group(tmp_path):
+    """Stages 0, 2 on one device and 1, 3 on another: each device's boxes in its group's merged order, the
+    transfers named by the stage that sends them, one optimizer box per group; the picture has two rows."""
+    stages = [(0, 0, [cpu(0)]), (1, 1, [cpu(1)]), (2, 2, [cpu(0)]), (3, 4, [cpu(1)])]
+    metadata, handle = traced_step(stages, schedule="interleaved")
+    measured = timeline.measured_timeline(metadata, handle)
+    assert measured.device_stage == {0: 0, 1: 1}
+    assert measured.device_stages(0) == (0, 2) and measured.device_stages(1) == (1, 3)
+    every = collections.Counter({(s, m): 1 for s in range(4) for m in range(M)})
+    assert counts(measured, KIND_FORWARD) == every
+    for lane, tasks in enumerate(handle.schedule.lane_tasks):
+        boxes = sorted((e for s in handle.schedule.lane_stages(lane)
+                        for e in measured.stage_events(s, (KIND_FORWARD, KIND_BACKWARD))), key=lambda e: e.start_ms)
+        assert [(e.stage, e.label) for e in boxes] == [(t.stage, str(t)) for t in tasks]
+        assert {e.resource for e in boxes} == {f"group{lane}"}
+    assert counts(measured, KIND_SEND_ACTIVATION) == {(s, m): 1 for s in range(3) for m in range(M)}
+    assert counts(measured, KIND_SEND_GRADIENT) == {(s, m): 1 for s in range(1, 4) for m in range(M)}
+    assert {e.resource for e in measured.events if e.kind == KIND_SEND_ACTIVATION} == {"link0>1", "link1>0"}
+    assert counts(measured, KIND_OPTIMIZER) == {(0, -1): 1, (1, -1): 1}
+    simulated = simulate(measured.stages, handle.schedule, micro_batch_size=measured.micro_batch_size)
+    info = timeline.draw_measured_vs_simulated(measured, simulated, str(tmp_path / "interleaved.png"))
+    assert info.rows == [2, 2]
+    assert info.boxes[KIND_FORWARD] == 2 * 4 * M

@@ -49,6 +49,6 @@ class PipelineLayout:
             stages=stages,
             num_micro_batches=plan.num_micro_batches,
             micro_batch_size=micro_size,
-            schedule=plan.schedule(schedule or plan.schedule_kind or "dapple"),
+            schedule=plan.schedule(schedule or plan.default_schedule),
             recompute=recompute_lib.stages_to_recompute(recompute, plan.recompute, len(stages)),
         )

@@ -16,8 +16,9 @@ from planner.formats.schedule import SCHEDULE_KINDS
 class PipelineOptions:
     """Tuning of the rewrite. Fields:
 
-    schedule: "dapple" (early backward, 1F1B), "gpipe", "zb-h1" or "zb-h2" (zero bubble); None: the plan's,
-        else "dapple".
+    schedule: "dapple" (early backward, 1F1B), "gpipe", "zb-h1" or "zb-h2" (zero bubble), "interleaved" (1F1B
+        with virtual stages: a plan whose stages share devices round-robin); None: the plan's, else
+        "interleaved" where stages share devices and "dapple" otherwise.
     recompute: re-computation (GPipe's re-materialization, recompute.py): True, False or a list of stage
         indices; None: the plan's choice, else none.
     batch_norm: "per_slice" (each replica's slice of a micro-batch normalized with its own statistics) or

@@ -415,9 +415,9 @@ class StageBuilder:
         else:
             for (s, m, j), (input_grads, weight_grads, device) in self._gradient_split.items():
                 self.task_ops.input_gradients_first((Task(s, BACKWARD, m), j), input_grads, weight_grads, device)
-        for s, stage in enumerate(self.template.stages):
-            for j, device in enumerate(stage.stage.devices):
-                tasks.chain(self.task_ops, schedule.stage_tasks[s], j, device)
+        for lane, lane_tasks in enumerate(schedule.lane_tasks):  # a device group runs the tasks of all its stages
+            for j, device in enumerate(self.template.stages[lane].stage.devices):
+                tasks.chain(self.task_ops, lane_tasks, j, device)
 
     def task_op_names(self, input_gradients: bool = False) -> Dict[Tuple[str, Task, int], Tuple[str, ...]]:
         """(device, task, replica) -> names of the task's operations (or, with input_gradients, of those its

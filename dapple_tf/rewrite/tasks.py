@@ -97,10 +97,11 @@ def _entry_ops(ops: Sequence[tf.Operation]) -> List[tf.Operation]:
     return [op for op in ops if not any(t.op in own for t in op.inputs)]
 
 
-def chain(task_ops: TaskOps, stage_tasks: Sequence[Task], replica: int, device: str) -> None:
-    """Adds control edges so that `device` runs `stage_tasks` (of `replica`) one after another."""
+def chain(task_ops: TaskOps, device_tasks: Sequence[Task], replica: int, device: str) -> None:
+    """Adds control edges so that `device` runs `device_tasks` (of `replica`: its stage's, or where stages share
+    devices its group's) one after another."""
     previous_done = None
-    for task in stage_tasks:
+    for task in device_tasks:
         ops = task_ops.ops.get((task, replica), [])
         if not ops:
             continue

@@ -26,6 +26,9 @@ operation on a plan device; device ids index the plan's devices in stage order. 
 - optimizer step: the apply ops on the stage's first device, from the end of the stage's last task
   (apply ops of variables whose gradients are complete may run during the last backward: that part
   is drawn as backward) to the last apply op's end.
+Where stages share devices (interleaved), the compute boxes of a device group are its stages' tasks, its
+transfers are numbered by the tasks that make (or use) them, and its AllReduce and optimizer boxes are the
+whole group's, drawn as its first stage's.
 Devices of several hosts share one time scale only as far as the hosts' clocks agree.
 """
 
@@ -38,7 +41,7 @@ from planner.simulation import gantt as gantt_lib, trace as trace_lib
 from planner.formats.schedule import FORWARD, WEIGHT
 from planner.simulation.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER,
                                           KIND_SEND_ACTIVATION, KIND_SEND_GRADIENT, KIND_WEIGHT, Event,
-                                          SimulationResult, StageCost)
+                                          SimulationResult, StageCost, lane_name)
 
 _BOOKKEEPING = frozenset({"Const", "HostConst", "VarHandleOp", "ReadVariableOp", "NoOp", "Identity", "Shape", "ShapeN",
                           "Size", "Rank"})
@@ -94,7 +97,7 @@ def _task_spans(handle, ops):
             span = _span([o for o in found if o[0] not in _BOOKKEEPING] or found)
             if not span:
                 continue
-            resource = f"stage{stage.index}"
+            resource = lane_name(handle.schedule, handle.schedule.lane_of(stage.index))
             if task.kind in (FORWARD, WEIGHT):  # a W task of its own: zero-bubble schedules
                 out.append((KIND_FORWARD if task.kind == FORWARD else KIND_WEIGHT, stage.index, task.micro_batch,
                             span, resource))
@@ -113,27 +116,29 @@ def _task_spans(handle, ops):
 
 def _stage_spans(handle, ops, task_names):
     """Per stage: its AllReduce (collectives of no task, and the handle's AllReduce ops: exchange_sum's
-    plain ops across processes, on all its devices) and its apply operations."""
+    plain ops across processes, on all its devices) and its apply operations (per device group where
+    stages share devices)."""
     reduce_names = set(getattr(handle, "allreduce_op_names", ()))
     out = []
-    for stage in handle.stages:
+    for stage in handle.stages[:handle.schedule.num_lanes]:
         reduce = [o for d in stage.devices for n, o in ops[d].items()
                   if (_COLLECTIVE.search(o[0]) or (n in reduce_names and o[0] not in _BOOKKEEPING))
                   and n not in task_names]
         apply = [o for o in ops[stage.devices[0]].values() if _APPLY.match(o[0])]
         for kind, found, resource in ((KIND_ALLREDUCE, reduce, f"allreduce{stage.index}"),
-                                      (KIND_OPTIMIZER, apply, f"stage{stage.index}")):
+                                      (KIND_OPTIMIZER, apply, lane_name(handle.schedule, stage.index))):
             if found:
                 out.append((kind, stage.index, -1, _span(found), resource))
     return out
 
 
-def _after_tasks(stage_spans, task_spans):
-    """Optimizer boxes start no earlier than their stage's last task ends: apply ops of variables whose
-    gradients are complete may run while the last backward still computes others' (drawn inside it)."""
+def _after_tasks(stage_spans, task_spans, schedule):
+    """Optimizer boxes start no earlier than their device group's last task ends: apply ops of variables
+    whose gradients are complete may run while the last backward still computes others' (drawn inside it)."""
     last_end = {}
     for _, stage, _, (_, end), _ in task_spans:
-        last_end[stage] = max(last_end.get(stage, end), end)
+        lane = schedule.lane_of(stage)
+        last_end[lane] = max(last_end.get(lane, end), end)
     out = []
     for kind, stage, mb, (start, end), resource in stage_spans:
         if kind == KIND_OPTIMIZER and stage in last_end:
@@ -173,18 +178,21 @@ def _transfer_span(source: Optional[Op], consumers: List[Op], remote) -> Optiona
     return None if used is None else (used if ready is None else ready, max(used, ready or used))
 
 
-def _transfer_spans(ops, remote, edges, stage_of, task_of):
+def _transfer_spans(ops, remote, edges, lane_of_device, task_of, schedule):
     boxes: Dict[tuple, Tuple[int, int]] = {}
     for tensor, source, send, recv, consumers in edges:
         send, recv = _canonical(send), _canonical(recv)
-        src, dst = stage_of.get(send), stage_of.get(recv)
+        src, dst = lane_of_device.get(send), lane_of_device.get(recv)
         task = task_of.get(source) or next((task_of[c] for c in consumers if c in task_of), None)
         if src is None or dst is None or src == dst or task is None:
             continue
         span = _transfer_span(ops[send].get(source), [ops[recv][c] for c in consumers if c in ops[recv]],
                               remote.get(tensor))
         if span:
-            key = (KIND_SEND_ACTIVATION if task.kind == FORWARD else KIND_SEND_GRADIENT, src, task.micro_batch,
+            sender = src  # the sending stage: its group's, or where groups hold several stages, by the task
+            if schedule.lanes:
+                sender = task.stage if source in task_of else task.stage + (-1 if task.kind == FORWARD else 1)
+            key = (KIND_SEND_ACTIVATION if task.kind == FORWARD else KIND_SEND_GRADIENT, sender, task.micro_batch,
                    f"link{src}>{dst}")
             old = boxes.get(key, span)
             boxes[key] = (max(old[0], span[0]), max(old[1], span[1]))  # the last piece: ready, arrived
@@ -198,13 +206,15 @@ def _stage_costs(handle, events: Sequence[Event], device_ids) -> Tuple[StageCost
                  and resource in (None, e.resource)]
         return sum(found) / len(found) if found else 0.0
 
+    lane = handle.schedule.lane_of
+
     def backward_input(s):  # the B part where the backward is split, else None (all of it)
         return mean(KIND_BACKWARD, s) if mean(KIND_WEIGHT, s) > 0 else None
 
     return tuple(StageCost(mean(KIND_FORWARD, s), mean(KIND_BACKWARD, s) + mean(KIND_WEIGHT, s), devices=device_ids[s],
                            backward_input_ms=backward_input(s),
-                           forward_transfer_ms=mean(KIND_SEND_ACTIVATION, s, f"link{s}>{s + 1}"),
-                           backward_transfer_ms=mean(KIND_SEND_GRADIENT, s + 1, f"link{s + 1}>{s}"),
+                           forward_transfer_ms=mean(KIND_SEND_ACTIVATION, s, f"link{lane(s)}>{lane(s + 1)}"),
+                           backward_transfer_ms=mean(KIND_SEND_GRADIENT, s + 1, f"link{lane(s + 1)}>{lane(s)}"),
                            allreduce_ms=mean(KIND_ALLREDUCE, s), optimizer_ms=mean(KIND_OPTIMIZER, s))
                  for s in range(len(handle.stages)))
 
@@ -212,8 +222,9 @@ def _stage_costs(handle, events: Sequence[Event], device_ids) -> Tuple[StageCost
 def measured_timeline(run_metadata, handle) -> SimulationResult:
     """The traced step of `handle` (a dapple_tf.PipelineHandle) as a SimulationResult (see the module
     docstring); `memory_timeline` is empty per stage (draw it with memory=False)."""
-    devices = [d for stage in handle.stages for d in stage.devices]
-    stage_of = {d: stage.index for stage in handle.stages for d in stage.devices}
+    schedule = handle.schedule
+    devices = list(dict.fromkeys(d for stage in handle.stages for d in stage.devices))
+    lane_of_device = {d: schedule.lane_of(stage.index) for stage in handle.stages for d in stage.devices}
     task_of = {name: task for (_, task, _), names in handle.task_op_names.items() for name in names}
     ops, remote = _read_stats(run_metadata.step_stats, devices)
     times = [t for per_device in ops.values() for o in per_device.values() for t in o[1:]]
@@ -224,20 +235,21 @@ def measured_timeline(run_metadata, handle) -> SimulationResult:
     origin = min(times)
     edges = _cross_device_edges(run_metadata, handle.train_op.graph)
     tasks = _task_spans(handle, ops)
-    spans = (tasks + _after_tasks(_stage_spans(handle, ops, set(task_of)), tasks)
-             + _transfer_spans(ops, remote, edges, stage_of, task_of))
+    spans = (tasks + _after_tasks(_stage_spans(handle, ops, set(task_of)), tasks, schedule)
+             + _transfer_spans(ops, remote, edges, lane_of_device, task_of, schedule))
     events = sorted((Event(kind, s, mb, (a - origin) / 1e6, (b - origin) / 1e6, resource)
                      for kind, s, mb, (a, b), resource in spans),
                     key=lambda e: (e.start_ms, e.stage, e.kind, e.micro_batch))
-    device_ids = [tuple(i for i, d in enumerate(devices) if stage_of[d] == s) for s in range(len(handle.stages))]
+    device_ids = [tuple(i for i, d in enumerate(devices) if lane_of_device[d] == schedule.lane_of(s))
+                  for s in range(len(handle.stages))]
     return SimulationResult(
         schedule=handle.schedule,
         stages=_stage_costs(handle, events, device_ids),
         events=tuple(events),
         iteration_ms=(max(times) - origin) / 1e6,
         micro_batch_size=handle.micro_batch_size,
-        device_stage={i: stage_of[d] for i, d in enumerate(devices)},
-        memory_timeline=tuple(() for _ in handle.stages),
+        device_stage={i: lane_of_device[d] for i, d in enumerate(devices)},
+        memory_timeline=tuple(() for _ in range(schedule.num_lanes)),
     )
 
 

@@ -39,7 +39,7 @@ class Options:
     recompute: Optional[bool] = None
     # The schedules the chosen DAPPLE plan is simulated under, the fastest that fits being written into
     # the plan (planner/planning/schedule_choice.py); ("dapple",) keeps the paper's early backward.
-    schedules: Sequence[str] = ("dapple", "zb-h1", "zb-h2")
+    schedules: Sequence[str] = ("dapple", "zb-h1", "zb-h2", "interleaved")
 
 
 @dataclasses.dataclass

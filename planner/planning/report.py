@@ -12,9 +12,13 @@ GIB = float(1 << 30)
 
 
 def _shape(plan: plan_pb2.Plan) -> str:
-    """"8:8", "DP", "straight (4 stages)"; "+RC" when every stage re-computes, "+RC[0,2]" when some do."""
+    """"8:8", "DP", "straight (4 stages)", "2 device groups x 2 stages (8:8)" (interleaved); "+RC" when every
+    stage re-computes, "+RC[0,2]" when some do."""
     reps = [len(s.device_ids) for s in plan.stages]
-    if len(reps) == 1:
+    groups = len({tuple(s.device_ids) for s in plan.stages})
+    if groups < len(reps):
+        shape = f"{groups} device groups x {len(reps) // groups} stages ({':'.join(map(str, reps[:groups]))})"
+    elif len(reps) == 1:
         shape = "DP" if reps[0] > 1 else "single device"
     elif all(r == 1 for r in reps):
         shape = f"straight ({len(reps)} stages)"
@@ -56,7 +60,7 @@ def summarize(plan: plan_pb2.Plan) -> str:
         lines.append("  schedules, simulated with the same stage costs:\n" + schedule_choice.describe(plan))
     simulated = next((e.simulated_iteration_ms for e in plan.schedule_estimates if e.schedule == plan_pb2.DAPPLE),
                      plan.simulated_iteration_ms)  # the analytic L is DAPPLE's schedule's
-    if simulated > 0:
+    if simulated > 0 and plan.estimated_iteration_ms > 0:
         diff = simulated / plan.estimated_iteration_ms - 1
         lines.append(f"  analytic {plan.estimated_iteration_ms:.2f} ms vs simulated {simulated:.2f} ms "
                      f"({diff:+.1%}; planner/simulation/simulator.py: pivot waits, optimizer step)")

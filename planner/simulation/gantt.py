@@ -76,9 +76,7 @@ class GanttInfo:
 def _draw_chart(ax, result: SimulationResult, x_max: float, info: GanttInfo, width_px: float) -> None:
     devices = result.devices
     row_of = {d: i for i, d in enumerate(devices)}
-    by_stage = collections.defaultdict(list)
-    for d, s in result.device_stage.items():
-        by_stage[s].append(d)
+    by_stage = {s: result.stage_devices(s) for s in range(result.num_stages)}
     px_per_ms = width_px / x_max if x_max > 0 else 0.0
     for e in result.events:
         if e.duration_ms <= 0:
@@ -90,27 +88,29 @@ def _draw_chart(ax, result: SimulationResult, x_max: float, info: GanttInfo, wid
                            facecolors=COLORS[e.kind], edgecolors="black", linewidth=0.3)
             info.boxes[e.kind] += 1
             if e.kind in (KIND_FORWARD, KIND_RECOMPUTE, KIND_BACKWARD, KIND_WEIGHT):
-                text = str(e.micro_batch)
+                text = str(e.micro_batch) if not result.schedule.lanes else f"{e.micro_batch}.{e.stage}"
                 if e.duration_ms * px_per_ms >= _MIN_LABEL_PX * len(text):
                     ax.text(e.start_ms + e.duration_ms / 2, y + bottom + height / 2, text,
                             ha="center", va="center", fontsize=7, color="white")
                     info.labels += 1
     ax.set_ylim(0, len(devices))
     ax.set_yticks([len(devices) - 1 - i + 0.5 for i in range(len(devices))])
-    ax.set_yticklabels([f"dev {d} (s{result.device_stage[d]})" for d in devices], fontsize=7)
+    ax.set_yticklabels([f"dev {d} (s{','.join(map(str, result.device_stages(d)))})" for d in devices], fontsize=7)
     ax.set_xlim(0, x_max)
     ax.grid(axis="x", linestyle=":", linewidth=0.5)
     info.rows.append(len(devices))
 
 
 def _draw_memory(ax, result: SimulationResult, x_max: float) -> None:
-    for s, timeline in enumerate(result.memory_timeline):
-        devs = [d for d, si in sorted(result.device_stage.items()) if si == s]
+    for s, timeline in enumerate(result.memory_timeline):  # per device group: stage s and those sharing its devices
+        devs = result.stage_devices(s)
         times = [t for t, _ in timeline] + [result.iteration_ms]
         values = [b / 2**30 for _, b in timeline]
         values.append(values[-1])
         name = f"dev {devs[0]}" if len(devs) == 1 else f"devs {devs[0]}-{devs[-1]}"
-        ax.step(times, values, where="post", linewidth=1.2, label=f"stage {s} ({name})")
+        stages = result.schedule.lane_stages(s)
+        label = f"stage {s}" if len(stages) == 1 else "stages " + ",".join(map(str, stages))
+        ax.step(times, values, where="post", linewidth=1.2, label=f"{label} ({name})")
     if result.device_memory_bytes:
         ax.axhline(result.device_memory_bytes / 2**30, color="red", linestyle="--", linewidth=1,
                    label="device memory")

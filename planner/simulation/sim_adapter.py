@@ -32,7 +32,7 @@ from typing import List, Optional, Tuple, Union
 from planner.planning import cost_model as cm
 from planner.formats.model_profile import ModelProfile
 from planner.formats.profile import LayerCostProfile, load_profile
-from planner.formats.schedule import Schedule, build_schedule, schedule_kind
+from planner.formats.schedule import INTERLEAVED, Schedule, build_schedule, device_groups, schedule_kind
 from planner.formats import plan_pb2
 from planner.simulation.simulator import SimulationResult, StageCost, simulate
 
@@ -187,13 +187,16 @@ def plan_schedule(plan: plan_pb2.Plan, schedule: Optional[str] = None, policy: O
                   max_in_flight: Optional[int] = None) -> Schedule:
     """The plan's schedule; `schedule`/`policy` override it (`policy` alone implies dapple).
 
-    Without overrides: a plan runs its own schedule kind; DAPPLE (and ZB_H1, which bounds its forwards by
-    them) plans run the plan's K_i (`warmup_micro_batches`), or its policy if the K_i are not set.
+    Without overrides: a plan runs its own schedule kind (unset: interleaved where stages share devices,
+    else dapple); DAPPLE (and ZB_H1, which bounds its forwards by them) plans run the plan's K_i
+    (`warmup_micro_batches`), or its policy if the K_i are not set.
     """
     s, m = len(plan.stages), plan.num_micro_batches
-    kind = schedule or (None if policy else schedule_kind(plan.schedule)) or "dapple"
-    if kind not in ("dapple", "zb-h1"):  # their own warm-up
-        return build_schedule(s, m, kind, max_in_flight=max_in_flight)  # raises ScheduleError naming the kinds
+    lanes = device_groups([tuple(st.device_ids) for st in plan.stages])
+    default = INTERLEAVED if lanes < s else "dapple"
+    kind = schedule or (None if policy else schedule_kind(plan.schedule)) or default
+    if lanes < s or kind not in ("dapple", "zb-h1"):  # their own warm-up
+        return build_schedule(s, m, kind, max_in_flight=max_in_flight, num_lanes=lanes)  # ScheduleError names kinds
     if policy is None:  # DAPPLE's K_i: those of the plan (zb-h1 bounds its forwards by them)
         ks = [st.warmup_micro_batches for st in plan.stages]
         if plan.schedule != plan_pb2.GPIPE and all(k > 0 for k in ks) and max_in_flight is None:

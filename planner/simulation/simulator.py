@@ -4,7 +4,9 @@ The simulator takes explicit per-stage costs (`StageCost`, usually built from a 
 planner/simulation/sim_adapter.py with the planner's cost model) and a `Schedule`, and plays one iteration:
 
 - every stage is one compute lane; all replicas of a stage run the same order in lockstep, so a
-  stage's devices share its timeline (costs are those of the largest replica slice);
+  stage's devices share its timeline (costs are those of the largest replica slice); where stages
+  share devices (the interleaved schedule's device groups), a group is one lane that runs the merged
+  order of its stages' tasks, and its memory is the sum of its stages';
 - the boundary between stage s and s+1 is a link: an activation transfer (split/concat between
   the two device sets) follows F(s, m) and precedes F(s+1, m); a gradient transfer follows
   B(s+1, m) and precedes B(s, m). Transfers on one link run one at a time, first ready first
@@ -123,7 +125,8 @@ class Event:
     micro_batch: int  # -1 for allreduce and optimizer
     start_ms: float
     end_ms: float
-    resource: str  # "stage1", "link1>2", "link2>1", "link1-2" (shared), "allreduce1"
+    resource: str  # "stage1" ("group1" where stages share devices), "link1>2", "link2>1", "link1-2" (shared),
+    # "allreduce1"; links and AllReduce numbered by device group
 
     @property
     def duration_ms(self) -> float:
@@ -147,8 +150,8 @@ class SimulationResult:
     events: Tuple[Event, ...]
     iteration_ms: float
     micro_batch_size: int
-    device_stage: Dict[int, int]  # device id -> stage
-    memory_timeline: Tuple[Tuple[Tuple[float, float], ...], ...]  # per stage: (time, bytes) steps
+    device_stage: Dict[int, int]  # device id -> its (first) stage; every stage of its group: device_stages
+    memory_timeline: Tuple[Tuple[Tuple[float, float], ...], ...]  # per device group (stage): (time, bytes) steps
     device_memory_bytes: Optional[float] = None
 
     @property
@@ -171,9 +174,18 @@ class SimulationResult:
     def stage_events(self, stage: int, kinds: Sequence[str] = COMPUTE_KINDS) -> List[Event]:
         return [e for e in self.events if e.stage == stage and e.kind in kinds]
 
+    def device_stages(self, device: int) -> Tuple[int, ...]:
+        """The stages `device` runs: one, or its device group's (interleaved)."""
+        return self.schedule.lane_stages(self.schedule.lane_of(self.device_stage[device]))
+
+    def stage_devices(self, stage: int) -> List[int]:
+        lane = self.schedule.lane_of(stage)
+        return [d for d, s in sorted(self.device_stage.items()) if self.schedule.lane_of(s) == lane]
+
     def busy_ms(self, stage: int) -> float:
-        """Compute time (forward, backward, optimizer) of each device of `stage`."""
-        return sum(e.duration_ms for e in self.stage_events(stage))
+        """Compute time (forward, backward, optimizer) of each device of `stage` (for all its group's stages)."""
+        stages = self.schedule.lane_stages(self.schedule.lane_of(stage))
+        return sum(e.duration_ms for s in stages for e in self.stage_events(s))
 
     def stage_bubble_fraction(self, stage: int) -> float:
         """Share of the iteration a device of `stage` does not compute."""
@@ -187,7 +199,8 @@ class SimulationResult:
         return {d: self.stage_bubble_fraction(s) for d, s in sorted(self.device_stage.items())}
 
     def stage_peak_memory(self, stage: int) -> float:
-        return max((b for _, b in self.memory_timeline[stage]), default=0.0)
+        """Peak memory of a device of `stage` (with its group's other stages)."""
+        return max((b for _, b in self.memory_timeline[self.schedule.lane_of(stage)]), default=0.0)
 
     @property
     def peak_memory_bytes(self) -> Dict[int, float]:
@@ -224,7 +237,7 @@ class SimulationResult:
             "stage  devices  fwd_ms  bwd_ms  allreduce_ms  bubble  peak_in_flight  peak_memory_GiB",
         ]
         for i, st in enumerate(self.stages):
-            devs = [d for d, si in sorted(self.device_stage.items()) if si == i]
+            devs = self.stage_devices(i)
             dev_text = f"{devs[0]}" if len(devs) == 1 else f"{devs[0]}-{devs[-1]}"
             lines.append(
                 f"{i:5d}  {dev_text:>7}  {st.forward_ms:6.2f}  {st.backward_ms:6.2f}  {st.allreduce_ms:12.2f}  "
@@ -253,13 +266,22 @@ class _Op:
     end_ms: Optional[float] = None
 
 
-def _assign_devices(stages: Sequence[StageCost]) -> Dict[int, int]:
+def _assign_devices(stages: Sequence[StageCost], schedule: Schedule) -> Dict[int, int]:
+    """Device id -> stage (the first of its device group); stages of one group share their devices."""
     device_stage: Dict[int, int] = {}
+    group_devices: Dict[int, Tuple[int, ...]] = {}
     next_id = 0
     for s, st in enumerate(stages):
-        devices = st.devices if st.devices is not None else tuple(range(next_id, next_id + 1))
+        lane = schedule.lane_of(s)
+        devices = st.devices if st.devices is not None else group_devices.get(lane, (next_id,))
         if not devices:
             raise SimulationError(f"stage {s} has no devices")
+        if lane in group_devices:
+            if tuple(devices) != group_devices[lane]:
+                raise SimulationError(f"stage {s} runs on devices {list(devices)} but its device group {lane} (stage "
+                                      f"{lane}) on {list(group_devices[lane])}")
+            continue
+        group_devices[lane] = tuple(devices)
         for d in devices:
             if d in device_stage:
                 raise SimulationError(f"device {d} is used by stages {device_stage[d]} and {s}")
@@ -287,7 +309,9 @@ class _OpGraph:
     def __init__(self):
         self.ops: List[_Op] = []
         self.index: Dict[Tuple[str, int, int], int] = {}
-        self.lanes: List[List[int]] = []
+        self.lanes: List[List[int]] = []  # per device group (stage)
+        self.lane_names: List[str] = []
+        self.last_task: Dict[int, int] = {}  # stage -> its last lane op before the optimizer
 
     def add(self, kind, stage, mb, resource, duration) -> int:
         self.index[(kind, stage, mb)] = len(self.ops)
@@ -299,16 +323,19 @@ class _OpGraph:
         self.ops[op].waiting += 1
 
     def add_lanes(self, stages: Sequence[StageCost], schedule: Schedule) -> None:
-        for s, st in enumerate(stages):
+        for g, tasks in enumerate(schedule.lane_tasks):
             lane = []
-            for task in schedule.stage_tasks[s]:
-                lane.extend(self._task_ops(s, st, task, schedule.splits_backward))
+            for task in tasks:
+                lane.extend(self._task_ops(task.stage, stages[task.stage], task, schedule.splits_backward,
+                                           lane_name(schedule, g)))
+                self.last_task[task.stage] = lane[-1]
             self.lanes.append(lane)
+            self.lane_names.append(lane_name(schedule, g))
 
-    def _task_ops(self, s: int, st: StageCost, task, split_schedule: bool) -> List[int]:
+    def _task_ops(self, s: int, st: StageCost, task, split_schedule: bool, lane_name: str) -> List[int]:
         """The lane ops of one scheduled task: a backward may be preceded by its recomputation
         and split into B and W (module docstring)."""
-        add, mb, lane_name = self.add, task.micro_batch, f"stage{s}"
+        add, mb = self.add, task.micro_batch
         kind = {FORWARD: KIND_FORWARD, BACKWARD: KIND_BACKWARD}.get(task.kind, KIND_WEIGHT)
         out = []
         if kind == KIND_BACKWARD and st.recompute:
@@ -323,13 +350,14 @@ class _OpGraph:
             out.append(add(kind, s, mb, lane_name, st.forward_ms if task.kind == FORWARD else st.backward_ms))
         return out
 
-    def add_transfers(self, stages: Sequence[StageCost], num_micro_batches: int, duplex_links: bool) -> None:
+    def add_transfers(self, stages: Sequence[StageCost], schedule: Schedule, duplex_links: bool) -> None:
         index, depend = self.index, self.depend
         for s in range(len(stages) - 1):
             st = stages[s]
-            fwd_link = f"link{s}>{s + 1}" if duplex_links else f"link{s}-{s + 1}"
-            bwd_link = f"link{s + 1}>{s}" if duplex_links else f"link{s}-{s + 1}"
-            for i in range(num_micro_batches):
+            a, b = schedule.lane_of(s), schedule.lane_of(s + 1)
+            fwd_link = f"link{a}>{b}" if duplex_links else f"link{min(a, b)}-{max(a, b)}"
+            bwd_link = f"link{b}>{a}" if duplex_links else f"link{min(a, b)}-{max(a, b)}"
+            for i in range(schedule.num_micro_batches):
                 a = self.add(KIND_SEND_ACTIVATION, s, i, fwd_link, st.forward_transfer_ms)
                 depend(a, index[(KIND_FORWARD, s, i)])
                 depend(index[(KIND_FORWARD, s + 1, i)], a)
@@ -337,16 +365,22 @@ class _OpGraph:
                 depend(g, index[(KIND_BACKWARD, s + 1, i)])
                 depend(index[(KIND_BACKWARD, s, i)], g)
 
-    def add_updates(self, stages: Sequence[StageCost], overlap_allreduce: bool) -> None:
-        """Each stage's AllReduce after its last backward, then its optimizer step on its lane."""
-        for s, st in enumerate(stages):
-            last_backward = self.lanes[s][-1]
+    def add_updates(self, stages: Sequence[StageCost], schedule: Schedule, overlap_allreduce: bool) -> None:
+        """Each stage's AllReduce after its last backward, then its optimizer step on its lane (a device group
+        updates its stages in the order their backwards end)."""
+        for s in sorted(range(len(stages)), key=lambda s: self.last_task[s]):
+            st, lane = stages[s], schedule.lane_of(s)
             tail = min(st.overlapped_allreduce_tail_ms, st.allreduce_ms) if overlap_allreduce else st.allreduce_ms
-            ar = self.add(KIND_ALLREDUCE, s, -1, f"allreduce{s}", tail)
-            self.depend(ar, last_backward)
-            opt = self.add(KIND_OPTIMIZER, s, -1, f"stage{s}", st.optimizer_ms)
+            ar = self.add(KIND_ALLREDUCE, s, -1, f"allreduce{lane}", tail)
+            self.depend(ar, self.last_task[s])
+            opt = self.add(KIND_OPTIMIZER, s, -1, lane_name(schedule, lane), st.optimizer_ms)
             self.depend(opt, ar)
-            self.lanes[s].append(opt)
+            self.lanes[lane].append(opt)
+
+
+def lane_name(schedule: Schedule, lane: int) -> str:
+    """The compute resource of device group `lane`: "stage<i>", or "group<i>" where stages share devices."""
+    return f"group{lane}" if schedule.lanes else f"stage{lane}"
 
 
 class _Player:
@@ -356,7 +390,7 @@ class _Player:
     def __init__(self, graph: _OpGraph):
         self.ops = graph.ops
         self.index = graph.index
-        self.lane_of = {f"stage{s}": lane for s, lane in enumerate(graph.lanes)}
+        self.lane_of = dict(zip(graph.lane_names, graph.lanes))
         self.position = {name: 0 for name in self.lane_of}
         self.busy_until: Dict[str, float] = {}
         self.ready_queues: Dict[str, List[Tuple[float, int]]] = {}
@@ -422,7 +456,7 @@ def _events(graph: _OpGraph, stages: Sequence[StageCost], overlap_allreduce: boo
     if overlap_allreduce:  # draw the whole AllReduce: it began during the last backward
         for o in ops:
             if o.kind == KIND_ALLREDUCE:
-                last_backward = ops[graph.lanes[o.stage][-2]]
+                last_backward = ops[graph.last_task[o.stage]]
                 o.start_ms = max(last_backward.start_ms, o.end_ms - stages[o.stage].allreduce_ms)
     return tuple(
         sorted(
@@ -448,14 +482,15 @@ def simulate(
         raise SimulationError(f"got costs for {num_stages} stages but the schedule has {schedule.num_stages}")
     _check_costs(stages)
     schedule.validate()
-    device_stage = _assign_devices(stages)
+    device_stage = _assign_devices(stages, schedule)
     graph = _OpGraph()
     graph.add_lanes(stages, schedule)
-    graph.add_transfers(stages, schedule.num_micro_batches, duplex_links)
-    graph.add_updates(stages, overlap_allreduce)
+    graph.add_transfers(stages, schedule, duplex_links)
+    graph.add_updates(stages, schedule, overlap_allreduce)
     _Player(graph).play()
     events = _events(graph, stages, overlap_allreduce)
-    timelines = tuple(_memory_timeline(stages[s], s, events, schedule.splits_backward) for s in range(num_stages))
+    timelines = tuple(_memory_timeline(stages, schedule.lane_stages(g), events, schedule.splits_backward)
+                      for g in range(schedule.num_lanes))
     return SimulationResult(
         schedule=schedule,
         stages=stages,
@@ -468,13 +503,15 @@ def simulate(
     )
 
 
-def _memory_timeline(st: StageCost, stage: int, events: Sequence[Event],
+def _memory_timeline(stages: Sequence[StageCost], lane_stages: Sequence[int], events: Sequence[Event],
                      split_schedule: bool = False) -> Tuple[Tuple[float, float], ...]:
+    """(time, bytes) steps of a device running `lane_stages`."""
     changes = []
-    kept = st.boundary_bytes if st.recompute else st.activation_bytes  # per micro-batch in flight
     for e in events:
-        if e.stage != stage:
+        if e.stage not in lane_stages:
             continue
+        st = stages[e.stage]
+        kept = st.boundary_bytes if st.recompute else st.activation_bytes  # per micro-batch in flight
         if e.kind == KIND_FORWARD:
             changes.append((e.start_ms, 1, st.activation_bytes))
             if st.recompute:  # only the boundary inputs outlive the forward
@@ -483,8 +520,8 @@ def _memory_timeline(st: StageCost, stage: int, events: Sequence[Event],
             changes.append((e.start_ms, 1, st.activation_bytes - kept))
         elif e.kind == (KIND_WEIGHT if st.splits_backward or split_schedule else KIND_BACKWARD):
             changes.append((e.end_ms, 0, -st.activation_bytes))
-    points = [(0.0, st.static_bytes)]
-    current = st.static_bytes
+    current = sum(stages[s].static_bytes for s in lane_stages)
+    points = [(0.0, current)]
     for t, _, delta in sorted(changes):
         current += delta
         if points[-1][0] == t:

@@ -31,11 +31,11 @@ def _tid(kind: str) -> int:
 def trace_events(result: SimulationResult, include_empty: bool = False) -> List[Dict]:
     """The trace's events. Zero-length transfers/AllReduces are left out unless `include_empty`."""
     out: List[Dict] = []
-    by_stage: Dict[int, List[int]] = {}
-    for device, stage in sorted(result.device_stage.items()):
-        by_stage.setdefault(stage, []).append(device)
+    by_stage = {s: result.stage_devices(s) for s in range(result.num_stages)}
+    for device in sorted(result.device_stage):
+        stages = ",".join(map(str, result.device_stages(device)))
         out.append({"name": "process_name", "ph": "M", "pid": device, "tid": 0,
-                    "args": {"name": f"device {device} (stage {stage})"}})
+                    "args": {"name": f"device {device} (stage{'s' if ',' in stages else ''} {stages})"}})
         out.append({"name": "process_sort_index", "ph": "M", "pid": device, "tid": 0,
                     "args": {"sort_index": device}})
         for tid, name in _THREAD_NAMES.items():

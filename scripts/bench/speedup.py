@@ -43,6 +43,8 @@ flags.DEFINE_list("micro_batches", ["1", "2", "4", "8", "16"], "M of the straigh
 flags.DEFINE_list("plans", None, "Only these plans, e.g. single,dp2,straight2-M8,gpipe2-M8,planner (default: all).")
 flags.DEFINE_boolean("gpipe", True, "Also measure every pipeline in GPipe order.")
 flags.DEFINE_boolean("zero_bubble", True, "Also measure every pipeline in the zero-bubble orders (zb-h1, zb-h2).")
+flags.DEFINE_boolean("interleaved", True, "Also measure every pipeline interleaved: each worker holding two stages "
+                     "(interleaved<S>-M<m>, where S divides m).")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer.")
 flags.DEFINE_enum("stage_functions", "auto", ["auto", "true", "false"],
                   "build_pipeline's stage_functions: auto (its default), true (each stage built once as functions) "
@@ -87,6 +89,7 @@ def main(argv):
               f"--global_batch_size={batch}", f"--num_workers={n}", f"--cores_per_worker={FLAGS.cores_per_worker}",
               f"--micro_batches={','.join(FLAGS.micro_batches)}", f"--optimizer={FLAGS.optimizer}",
               f"--steps={FLAGS.steps}", f"--gpipe={FLAGS.gpipe}", f"--zero_bubble={FLAGS.zero_bubble}",
+              f"--interleaved={FLAGS.interleaved}",
               f"--stage_functions={FLAGS.stage_functions}", "--as_chief"]
     if FLAGS.allreduce_bucket_mb is not None:
         passed.append(f"--allreduce_bucket_mb={FLAGS.allreduce_bucket_mb}")

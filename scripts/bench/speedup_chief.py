@@ -162,7 +162,8 @@ def run(flags_, model_args) -> int:
     pcluster = planner_cluster(n, link, allreduce, slowdown)
     base_profile = profiles[batch]
     plans = speedup_plans.bench_plans(base_profile, pcluster, batch, n, [int(m) for m in flags_.micro_batches],
-                                      gpipe=flags_.gpipe, zero_bubble=flags_.zero_bubble)
+                                      gpipe=flags_.gpipe, zero_bubble=flags_.zero_bubble,
+                                      interleaved=flags_.interleaved)
     plans.append(speedup_plans.planner_plan(profiles, pcluster, batch))
     plans = selected(plans, flags_.plans)
     print(f"{flags_.model} ({model_flags}), global batch {batch}, {n} workers x {flags_.cores_per_worker} core(s), "

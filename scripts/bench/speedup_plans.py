@@ -6,7 +6,9 @@ plays the same stages, micro-batches and schedule.
 
 Names: `single` (one worker, M=1), `dp<N>` (one stage on N workers), `straight<S>-M<m>` (S stages,
 one worker each, DAPPLE order), `gpipe<S>-M<m>` (the same in GPipe order), `straight<S>-M<m>-zb-h1` and
-`straight<S>-M<m>-zb-h2` (the same in the zero-bubble orders: planner/formats/zero_bubble.py), `planner` (the fastest plan by the
+`straight<S>-M<m>-zb-h2` (the same in the zero-bubble orders: planner/formats/zero_bubble.py),
+`interleaved<S>-M<m>` (S workers holding two stages each, the model cut into 2S stages: the planner's
+interleaved variant, planner/planning/interleave.py), `planner` (the fastest plan by the
 planner's cost model, DAPPLE's or a baseline's, each micro-batch size costed by the profile measured nearest
 to its slices: planner.planning.api.plan_from_profiles).
 """
@@ -15,6 +17,7 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from planner.planning import api, cost_model as cm
+from planner.planning.interleave import interleaved_plan
 from planner.planning.plan_eval import Options, evaluate, to_plan
 from planner.formats.schedule import schedule_enum, schedule_kind
 from planner.formats import plan_pb2
@@ -36,9 +39,11 @@ class BenchPlan:
 
     @property
     def ideal_speedup(self) -> float:
-        """Devices x M / (M + S - 1): S*M/(M+S-1) for a straight pipeline, N for data parallel on N."""
-        m, s = self.proto.num_micro_batches, self.num_stages
-        return self.num_devices * m / (m + s - 1) if self.num_devices > 1 else 1.0
+        """Devices x M / (M + S - 1): S*M/(M+S-1) for a straight pipeline, N for data parallel on N; with v
+        stages per device group (interleaved: G = S / v groups) the bubble is (G - 1) / v: N M / (M + (G - 1) / v)."""
+        m, s, n = self.proto.num_micro_batches, self.num_stages, self.num_devices
+        groups = len({tuple(st.device_ids) for st in self.proto.stages})
+        return n * m / (m + (groups - 1) / (s // groups)) if n > 1 else 1.0
 
 
 def balanced_cuts(costs: Sequence[float], num_stages: int) -> List[Tuple[int, int]]:
@@ -85,9 +90,10 @@ def make_plan(name: str, profile, cluster: plan_pb2.Cluster, global_batch_size: 
 
 
 def bench_plans(profile, cluster: plan_pb2.Cluster, global_batch_size: int, num_workers: int,
-                micro_batches: Sequence[int], gpipe: bool = True, zero_bubble: bool = True) -> List[BenchPlan]:
+                micro_batches: Sequence[int], gpipe: bool = True, zero_bubble: bool = True,
+                interleaved: bool = True) -> List[BenchPlan]:
     """single, dp<N>, straight<S>-M<m> for S in 2..N and every m (gpipe<S>-M<m>, straight<S>-M<m>-zb-h1 and
-    -zb-h2 too, m > 1)."""
+    -zb-h2 too, m > 1; interleaved<S>-M<m> where S divides m)."""
     model = model_profile(profile)
     n = model.num_layers
     plans = [make_plan("single", model, cluster, global_batch_size, [(0, n, [0])], 1)]
@@ -106,6 +112,9 @@ def bench_plans(profile, cluster: plan_pb2.Cluster, global_batch_size: int, num_
                 plans.append(make_plan(f"gpipe{s}-M{m}", model, cluster, global_batch_size, stages, m, "gpipe"))
             for kind in ("zb-h1", "zb-h2") if zero_bubble and m > 1 else ():
                 plans.append(make_plan(f"straight{s}-M{m}-{kind}", model, cluster, global_batch_size, stages, m, kind))
+            variant = interleaved_plan(plans[-1].proto, model, 2) if interleaved and m > 1 else None
+            if variant is not None:
+                plans.append(BenchPlan(f"interleaved{s}-M{m}", variant))
     return plans
 
 

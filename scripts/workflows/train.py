@@ -133,7 +133,9 @@ def _plan_and_simulation(s: TrainSettings, model_fn, input_fn, name, devices, ba
         profile = profiler.read_profile(s.profile)
     else:
         profile = profile_here(model_fn, input_fn, max(1, batch_size // len(cluster.device_names)), name, layers)
-    proto = planner_api.plan(profile, cluster, batch_size, planner="dapple")
+    # --schedule: the planner weighs that schedule only (interleaved: the plan's variant with two stages per device)
+    schedules = {"schedules": (s.schedule,)} if s.schedule else {}
+    proto = planner_api.plan(profile, cluster, batch_size, planner="dapple", **schedules)
     print(summarize(proto), flush=True)
     simulated = simulate_plan(proto, profile) if s.trace else None
     return dapple_tf.Plan.from_proto(proto, source=f"the plan for {cluster.name}"), simulated
