@@ -70,7 +70,7 @@ def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_m
         )
         grads = [tf.convert_to_tensor(g) for g, _ in handle.grads_and_vars]
         names = [v.op.name for _, v in handle.grads_and_vars]
-        with tf.compat.v1.Session(target, config=config) as sess:
+        with tf.compat.v1.Session(target, config=handle.session_config(config)) as sess:
             sess.run(handle.initializer)
             if initial:
                 _load(sess, [v for _, v in handle.grads_and_vars], initial)

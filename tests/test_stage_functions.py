@@ -44,6 +44,30 @@ def test_functions_add_call_sites_per_micro_batch_not_the_models_ops():
         assert functions[m][2].function_fallbacks == {}
 
 
+def test_calls_skip_shape_inference_and_the_session_config_turns_the_function_optimizer_off():
+    """Call ops carry the traced function's output shapes (not inferred through the body at each call); where the
+    stages' calls are the graph's only function calls, the handle's session config turns grappler's function
+    optimizer off for the outer graph, and leaves it on for clones or when something else calls a function."""
+    off = tf.compat.v1.ConfigProto()
+    off.graph_options.rewrite_options.function_optimization = off.graph_options.rewrite_options.OFF
+    _, _, handle = build(4, True)
+    assert len(handle.function_call_ops) == 4 * (2 + 3)  # per micro-batch: stage 0 F and W; stage 1 F, B and W
+    for op in handle.function_call_ops:
+        assert op.get_attr("_disable_call_shape_inference")
+        assert all(t.shape.is_fully_defined() for t in op.outputs), op.name
+    base = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=3)
+    config = handle.session_config(base)
+    assert config.intra_op_parallelism_threads == 3 and config.graph_options == off.graph_options
+    assert base.graph_options.rewrite_options.function_optimization == 0  # a copy
+    default = handle.session_config()  # tf.compat.v1.Session's own default (this process's logical devices), optimizer off
+    assert default.device_count["CPU"] == len(tf.config.list_logical_devices("CPU")) >= 2
+    assert default.graph_options.rewrite_options == off.graph_options.rewrite_options
+    assert build(4, False)[2].session_config(base) is base and build(4, False)[2].session_config() is None
+    with handle.train_op.graph.as_default():
+        tf.function(lambda x: x + 1.0, autograph=False)(tf.constant(1.0))  # another function call
+    assert handle.session_config(base) is base
+
+
 def test_default_uses_functions_when_the_clones_would_be_large():
     stage = types.SimpleNamespace(ops=[None] * 1000, stage=types.SimpleNamespace(devices=["a", "b"]))
     assert stage_function.AUTO_CLONED_OPS == 100_000

@@ -150,7 +150,7 @@ class Trainer:
             try:
                 with self._watchdog(progress), tf.compat.v1.train.SingularMonitoredSession(
                     hooks=hooks, scaffold=scaffold, master=self.cluster.target if self.cluster else "",
-                    config=self._session_config(), checkpoint_dir=self.model_dir,
+                    config=handle.session_config(self._session_config()), checkpoint_dir=self.model_dir,
                 ) as sess:
                     while not sess.should_stop():
                         sess.run(handle.train_op)

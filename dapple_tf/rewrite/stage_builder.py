@@ -419,6 +419,10 @@ class StageBuilder:
             for j, device in enumerate(self.template.stages[lane].stage.devices):
                 tasks.chain(self.task_ops, lane_tasks, j, device)
 
+    def function_call_ops(self) -> Tuple[tf.Operation, ...]:
+        """The call operations of the stages built as functions."""
+        return tuple(op for functions in self._functions.values() for op in functions.call_ops)
+
     def task_op_names(self, input_gradients: bool = False) -> Dict[Tuple[str, Task, int], Tuple[str, ...]]:
         """(device, task, replica) -> names of the task's operations (or, with input_gradients, of those its
         input gradients need: backward tasks split into B and W only)."""

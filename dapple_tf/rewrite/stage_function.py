@@ -15,12 +15,14 @@ output gradients, the loss weight, tensors another part made) and whose outputs 
 and the caller read. A forward task is one F call; a backward task is a B call then a W call. B and W
 are the zero-bubble B/W split, here two calls of one task (tasks.input_gradients_first orders them).
 
-Three things keep the first step from growing with M again: the functions are marked `_noinline` (an
-inlined call puts every micro-batch's body back into the graph the first step optimizes); no call argument
+Five things keep the build and the first step from growing with M again: the functions are marked `_noinline`
+(an inlined call puts every micro-batch's body back into the graph the first step optimizes); no call argument
 is a constant (grappler specializes, i.e. copies and optimizes, a function per call site with a constant
-argument); and the bodies hold no variable read (a stateful function is instantiated per call site): the
-stage takes variable values, read once per step and device (variable_reads.py). A call runs on its
-caller's device, and so does each operation of its body.
+argument); the bodies hold no variable read (a stateful function is instantiated per call site): the
+stage takes variable values, read once per step and device (variable_reads.py); a call op is created without
+shape inference through its body (its outputs take the traced shapes); and the session runs the outer graph
+without grappler's function optimizer (PipelineHandle.session_config), which builds every call site's body.
+A call runs on its caller's device, and so does each operation of its body.
 
 A stage runs as functions unless `unsupported_reason` names what it holds that this path does not
 cover; StageBuilder then imports that stage once per micro-batch and replica.
@@ -30,6 +32,7 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 from dapple_tf.rewrite import graph_defs as graph_defs_lib, variable_reads
 from dapple_tf.rewrite.graph_walk import ancestors_within
@@ -41,6 +44,23 @@ NOINLINE_ATTRIBUTES = {"_noinline": True}
 # "Scale of the rewrite").
 AUTO_CLONED_OPS = 100_000
 _V1_CONTROL_FLOW = {"Enter", "RefEnter", "Exit", "RefExit", "Switch", "RefSwitch", "Merge", "NextIteration"}
+
+
+# operations that call functions (their bodies in the graph's library), which grappler's function optimizer handles
+CALL_OP_TYPES = frozenset({"PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile", "If", "StatelessIf",
+                           "Case", "StatelessCase", "SymbolicGradient", "RemoteCall"})
+
+
+def _types(tensors) -> attr_value_pb2.AttrValue:
+    return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+        type=[t.dtype.as_datatype_enum for t in tensors]))
+
+
+def needs_function_optimizer(graph: tf.Graph, stage_calls: Sequence[tf.Operation]) -> bool:
+    """Whether the outer graph calls functions other than the stages' (`stage_calls`): grappler's function
+    optimizer then stays on for it (PipelineHandle.session_config)."""
+    ours = set(stage_calls)
+    return any(op.type in CALL_OP_TYPES and op not in ours for op in graph.get_operations())
 
 
 def use_functions(requested: Optional[bool], stages, num_micro_batches: int) -> bool:
@@ -108,6 +128,7 @@ class StageFunctions:
         self.input_grads: Dict[str, str] = {}  # template input name -> scratch tensor name
         self.weight_grads: Dict[str, object] = {}  # handle name -> scratch name, or (values, indices, shape) names
         self._sum_of: Dict[str, Tuple[str, str]] = {}  # handle name -> (running sum placeholder, new sum)
+        self.call_ops: List[tf.Operation] = []  # every call this stage made
         scratch = tf.Graph()
         with scratch.as_default():
             placeholder_of, forward_ops, out = self._forward_in(scratch, graph_def, name)
@@ -233,20 +254,28 @@ class StageFunctions:
         body.__name__ = name  # the function's name in the graph's library
         return _Part(tf.function(body, autograph=False, experimental_attributes=NOINLINE_ATTRIBUTES), inputs, outputs)
 
-    @staticmethod
-    def _call(part: _Part, env: Dict[str, tf.Tensor]) -> None:
+    def _call(self, part: _Part, env: Dict[str, tf.Tensor]) -> None:
         """Calls `part` with its inputs from `env` (scratch name -> tensor) and adds its outputs to `env`. The call
-        op is made directly from the function traced for these argument shapes: tf.function's own dispatch costs
-        ~19 ms of build per call (BERT-24 stages)."""
+        op is made directly from the function traced for these argument shapes (tf.function's own dispatch costs
+        ~19 ms of build per call, BERT-24 stages), without TF's shape inference through the body at each call
+        (`_disable_call_shape_inference`: ~40 ms per call there): its outputs take the traced function's shapes."""
         args = [env[n] for n in part.inputs]
         signature = tuple((t.dtype, tuple(t.shape.as_list()) if t.shape.rank is not None else None) for t in args)
         if signature not in part.traced:
             part.traced[signature] = part.function.get_concrete_function(*args)
         concrete = part.traced[signature]
-        call = (tf.raw_ops.StatefulPartitionedCall if concrete.function_def.signature.is_stateful
-                else tf.raw_ops.PartitionedCall)
-        results = call(args=args, Tout=[t.dtype for t in concrete.outputs], f=concrete)
-        env.update(zip(part.outputs, results))
+        graph = tf.compat.v1.get_default_graph()
+        concrete.add_to_graph(graph)
+        definition = concrete.function_def.signature
+        attrs = {"f": attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=definition.name)),
+                 "Tin": _types(args), "Tout": _types(concrete.outputs),
+                 "_disable_call_shape_inference": attr_value_pb2.AttrValue(b=True)}
+        op = graph.create_op("StatefulPartitionedCall" if definition.is_stateful else "PartitionedCall", args,
+                             [t.dtype for t in concrete.outputs], attrs=attrs)
+        for result, traced in zip(op.outputs, concrete.outputs):
+            result.set_shape(traced.shape)
+        self.call_ops.append(op)
+        env.update(zip(part.outputs, op.outputs))
 
     def forward(self, feed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
         """One F call. Returns env: every scratch tensor it produced (and the feeds), for `backward`.

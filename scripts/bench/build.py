@@ -56,7 +56,7 @@ def measure(tf, spec, micro_batches, config, rewrite="functions"):
         def build():
             if micro_batches is None:
                 op = harness.optimizer(FLAGS.optimizer).minimize(spec.model_fn(features, labels))
-                return op, tf.compat.v1.global_variables_initializer()
+                return op, tf.compat.v1.global_variables_initializer(), config
             names = _layer_names(tf, spec)
             per = -(-len(names) // FLAGS.num_stages)
             stages = [(names[i], names[min(i + per, len(names)) - 1], [f"/device:CPU:{s}"])
@@ -66,11 +66,11 @@ def measure(tf, spec, micro_batches, config, rewrite="functions"):
                                               dapple_tf.PipelineOptions(stage_functions=rewrite == "functions"))
             for stage, reason in sorted(handle.function_fallbacks.items()):
                 print(f"  stage {stage} is imported per micro-batch: {reason}")
-            return handle.train_op, handle.initializer
+            return handle.train_op, handle.initializer, handle.session_config(config)
 
-        (train_op, init), build_s = timed(build)
+        (train_op, init, run_config), build_s = timed(build)
         ops = len(graph.get_operations())
-    init_s, first_s, step_s = _run(tf, graph, init, train_op, config)
+    init_s, first_s, step_s = _run(tf, graph, init, train_op, run_config)
     plan = "single" if micro_batches is None else f"straight{FLAGS.num_stages}-M{micro_batches}"
     if micro_batches is not None and rewrite != "functions":
         plan += f"-{rewrite}"

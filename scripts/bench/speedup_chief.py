@@ -72,7 +72,7 @@ def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, 
         handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, runtime_plan,
                                           dapple_tf.PipelineOptions(allreduce_bucket_bytes=bucket,
                                                                     stage_functions=functions))
-        with tf.compat.v1.Session(target, config=config) as sess:
+        with tf.compat.v1.Session(target, config=handle.session_config(config)) as sess:
             sess.run(handle.initializer)
             ms = median_run_ms(sess, handle.train_op, warmup=WARMUP_STEPS, runs=steps)
             metadata = tf.compat.v1.RunMetadata()

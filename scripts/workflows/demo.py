@@ -134,7 +134,7 @@ def train_step(built: _Built, x_train, y_train, y_test, s: DemoSettings) -> floa
     config = tf.compat.v1.ConfigProto(device_count={"CPU": s.num_devices}, allow_soft_placement=False)
     rng = np.random.default_rng(s.seed)
     handle = built.handle
-    with tf.compat.v1.Session(graph=built.graph, config=config) as sess:
+    with tf.compat.v1.Session(graph=built.graph, config=handle.session_config(config)) as sess:
         sess.run(handle.initializer)
         losses, interval_start = [], time.time()
         for step in range(1, s.steps + 1):
