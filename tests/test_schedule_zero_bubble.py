@@ -102,5 +102,8 @@ def test_bench_schedules_prints_each_schedule_for_the_paper_configurations():
     assert result.returncode == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("bert-48-pbs-2   paper_a")]
     assert [(r[4], r[5], r[6]) for r in rows] == [("dapple", "800.0", "1.000"), ("zb-h1", "762.8", "0.954"),
-                                                  ("zb-h2", "734.5", "0.918")]
+                                                  ("zb-h2", "734.5", "0.918"), ("interleaved", "755.1", "0.944")]
     assert rows[2][-1] == "yes"  # the planner writes zb-h2 into the plan
+    # GNMT-16 on config B: 5 device groups, M = 32: no interleaved variant, and the line says why
+    assert ("gnmt-16-pbs-64  paper_b  2:3:2:4:5      32  interleaved  none: the interleaved schedule needs M (32) to be "
+            "a multiple of the device groups (5)") in result.stdout
