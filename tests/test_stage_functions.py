@@ -45,7 +45,8 @@ def test_functions_add_call_sites_per_micro_batch_not_the_models_ops():
 
 
 def test_calls_skip_shape_inference_and_the_session_config_turns_the_function_optimizer_off():
-    """Call ops carry the traced function's output shapes (not inferred through the body at each call); where the
+    """Call ops carry the traced function's output shapes (not inferred through the body at each call) and follow
+    a reference-typed operation on their device (XLA's scan then skips their bodies); where the
     stages' calls are the graph's only function calls, the handle's session config turns grappler's function
     optimizer off for the outer graph, and leaves it on for clones or when something else calls a function."""
     off = tf.compat.v1.ConfigProto()
@@ -55,6 +56,9 @@ def test_calls_skip_shape_inference_and_the_session_config_turns_the_function_op
     for op in handle.function_call_ops:
         assert op.get_attr("_disable_call_shape_inference")
         assert all(t.shape.is_fully_defined() for t in op.outputs), op.name
+        # a control input with a reference-typed output on the call's device spares it XLA's reference scan
+        stops = [c for c in op.control_inputs if any(t.dtype._is_ref_dtype for t in c.outputs)]
+        assert [c.device for c in stops] == [op.device], (op.name, op.control_inputs)
     base = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=3)
     config = handle.session_config(base)
     assert config.intra_op_parallelism_threads == 3 and config.graph_options == off.graph_options

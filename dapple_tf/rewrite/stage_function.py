@@ -15,13 +15,15 @@ output gradients, the loss weight, tensors another part made) and whose outputs 
 and the caller read. A forward task is one F call; a backward task is a B call then a W call. B and W
 are the zero-bubble B/W split, here two calls of one task (tasks.input_gradients_first orders them).
 
-Five things keep the build and the first step from growing with M again: the functions are marked `_noinline`
+Six things keep the build and the first step from growing with M again: the functions are marked `_noinline`
 (an inlined call puts every micro-batch's body back into the graph the first step optimizes); no call argument
 is a constant (grappler specializes, i.e. copies and optimizes, a function per call site with a constant
 argument); the bodies hold no variable read (a stateful function is instantiated per call site): the
 stage takes variable values, read once per step and device (variable_reads.py); a call op is created without
-shape inference through its body (its outputs take the traced shapes); and the session runs the outer graph
-without grappler's function optimizer (PipelineHandle.session_config), which builds every call site's body.
+shape inference through its body (its outputs take the traced shapes); every call has a reference-typed
+control input, which spares it XLA's scan for reference variables (StageFunctions._ref_scan_stop); and the
+session runs the outer graph without grappler's function optimizer (PipelineHandle.session_config), which
+builds every call site's body.
 A call runs on its caller's device, and so does each operation of its body.
 
 A stage runs as functions unless `unsupported_reason` names what it holds that this path does not
@@ -120,6 +122,7 @@ class StageFunctions:
 
     def __init__(self, graph_def: tf.compat.v1.GraphDef, signature: StageSignature, name: str):
         self.signature = signature
+        self._name = name
         self._reads: Dict[str, tf.Tensor] = {}  # handle tensor name -> its value, read once per step
         self._feed_of: Dict[str, str] = {}  # scratch placeholder name -> template tensor name
         self._value_of: Dict[str, Tuple[str, tf.DType]] = {}  # scratch placeholder -> (handle name, dtype)
@@ -129,6 +132,7 @@ class StageFunctions:
         self.weight_grads: Dict[str, object] = {}  # handle name -> scratch name, or (values, indices, shape) names
         self._sum_of: Dict[str, Tuple[str, str]] = {}  # handle name -> (running sum placeholder, new sum)
         self.call_ops: List[tf.Operation] = []  # every call this stage made
+        self._ref_scan_stops: Dict[str, tf.Operation] = {}  # device -> its calls' reference-typed control input
         scratch = tf.Graph()
         with scratch.as_default():
             placeholder_of, forward_ops, out = self._forward_in(scratch, graph_def, name)
@@ -274,8 +278,23 @@ class StageFunctions:
                              [t.dtype for t in concrete.outputs], attrs=attrs)
         for result, traced in zip(op.outputs, concrete.outputs):
             result.set_shape(traced.shape)
+        op._add_control_inputs([self._ref_scan_stop(graph, op.device)])  # pylint: disable=protected-access
         self.call_ops.append(op)
         env.update(zip(part.outputs, op.outputs))
+
+    def _ref_scan_stop(self, graph: tf.Graph, device: str) -> tf.Operation:
+        """An operation with a reference-typed output on `device`, made a control input of every call there.
+        At the first run of a graph, XLA's EncapsulateSubgraphsPass (in every TF build, XLA used or not) marks
+        the operations related to reference variables; it builds the body of every function call to look inside,
+        unless the call follows such an operation (xla_cluster_util.cc, GetNodesRelatedToRefVariables). That
+        was 43% of the first step at M=64 (BERT-24, 4 stages), growing with the call sites. The marking only
+        matters to XLA clusters, which never include these calls. The operation is a never-initialized
+        VariableV2 that only runs: a control edge reads no value."""
+        if device not in self._ref_scan_stops:
+            with graph.control_dependencies(None), tf.device(device):
+                self._ref_scan_stops[device] = tf.raw_ops.VariableV2(
+                    shape=[], dtype=tf.float32, name=f"{self._name}_ref_scan_stop").op
+        return self._ref_scan_stops[device]
 
     def forward(self, feed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
         """One F call. Returns env: every scratch tensor it produced (and the feeds), for `backward`.
