@@ -4,7 +4,10 @@ A step run with RunOptions(trace_level=FULL_TRACE) records, for every operation,
 device's allocator had in use when it ran; the largest of these per device is the step's peak.
 It works on remote devices too (workers return their step stats). Virtual CPU devices of one
 process share one allocator, so each reports the process's peak; with the BFC CPU allocator
-(TF_CPU_ALLOCATOR_USE_BFC=true) CPU devices report figures at all. Constants are not in those
+(TF_CPU_ALLOCATOR_USE_BFC=true) CPU devices report figures at all. The same trace also records
+every allocation an operation made and its release (time, +-bytes): summed in time order per
+device, they give each device's peak of what the step itself allocated, virtual devices included
+(`step_allocation_peaks`). Constants are not in those
 records: `constant_bytes_per_device` reads them from the step's partition graphs.
 """
 
@@ -20,6 +23,23 @@ def peak_bytes_per_device(step_stats) -> Dict[str, int]:
         used = [m.allocator_bytes_in_use for node in device_stats.node_stats for m in node.memory]
         if used and max(used) > 0:
             peaks[device_stats.device] = max(peaks.get(device_stats.device, 0), max(used))
+    return peaks
+
+
+def step_allocation_peaks(step_stats) -> Dict[str, int]:
+    """Device name -> the largest total, over the step, of the bytes its operations had allocated and not yet
+    released (the allocation records: +bytes when allocated, -bytes when released, each kept by the operation
+    that allocated). Excludes what lives across steps (variables, the allocator's state before the step)."""
+    peaks: Dict[str, int] = {}
+    for device_stats in step_stats.dev_stats:
+        records = sorted((r.alloc_micros, r.alloc_bytes) for node in device_stats.node_stats
+                         for m in node.memory for r in m.allocation_records)
+        live = peak = 0
+        for _, nbytes in records:
+            live += nbytes
+            peak = max(peak, live)
+        if records:
+            peaks[device_stats.device] = max(peaks.get(device_stats.device, 0), peak)
     return peaks
 
 
