@@ -37,14 +37,20 @@ def step_peak_bytes(sess, grads, feed, device, parameter_bytes: float, runs: int
     and what the step keeps for backward), on `device`: the median of `runs` steps (a step's peak
     moves with the allocator's chunk reuse, e.g. VGG-19 tiny at batch 8: 1.32-1.38 MB)."""
     sess.run(grads, feed_dict=feed)  # warm-up: allocator pools, constant folding
-    peaks = sorted(run_peak_bytes(sess, grads, feed, device) for _ in range(runs))
-    return peaks[len(peaks) // 2] + parameter_bytes
+    return _median(run_peak_bytes(sess, grads, feed, device) for _ in range(runs)) + parameter_bytes
 
 
-def backward_working_bytes(sess, target, probe, feed, device) -> float:
+def backward_working_bytes(sess, target, probe, feed, device, runs: int = 3) -> float:
     """Peak bytes one layer's backward run (`target` fed its forward values) allocates beyond the
-    feeding: peak of the run minus the peak of the no-op `probe` with the same feeds (>= 0)."""
+    feeding: the median peak of `runs` runs minus that of the no-op `probe` with the same feeds
+    (>= 0). One run's peak follows the executor's op order (GNMT tiny's first LSTM at batch 8:
+    86-163 KB between single runs)."""
     sess.run(target, feed_dict=feed)  # warm-up
-    total = run_peak_bytes(sess, target, feed, device)
-    feeding = run_peak_bytes(sess, probe, feed, device)
+    total = _median(run_peak_bytes(sess, target, feed, device) for _ in range(runs))
+    feeding = _median(run_peak_bytes(sess, probe, feed, device) for _ in range(runs))
     return max(total - feeding, 0.0)
+
+
+def _median(values) -> float:
+    values = sorted(values)
+    return values[len(values) // 2]
