@@ -222,7 +222,7 @@ class Plan:
         try:
             return schedule_lib.build_schedule(
                 len(self.stages), self.num_micro_batches, kind=kind, policy=self.policy,
-                warmup=self.warmup if kind in ("dapple", "zb-h1") else None, num_lanes=self.num_device_groups,
+                warmup=self.warmup if kind in schedule_lib.DAPPLE_WARMUP_KINDS else None, num_lanes=self.num_device_groups,
             )
         except schedule_lib.ScheduleError as e:
             raise PlanError(f"{self.source}: {e}") from e

@@ -58,6 +58,22 @@ def test_a_later_stage_sends_its_input_gradients_before_its_weight_gradients():
     assert result.iteration_ms < unsplit.iteration_ms
 
 
+def test_batched_weight_gradients_run_after_each_stages_last_backward():
+    """dapple-batched-w: every stage, the first too, runs B (its input gradients: layer 1's on stage 0, layer 0
+    has none) per micro-batch and all its W at the end; the simulator's W lasts what the profile says (the
+    stacked product's saving is the runtime's, not the linear cost model's)."""
+    cluster = local_task_cluster(2, 1)
+    model = ModelProfile.from_proto(_profile(backward_input=0.5))
+    plan = speedup_plans.make_plan("s", model, cluster, 8, [(0, 2, [0]), (2, 4, [1])], 2, "dapple-batched-w")
+    result = speedup_plans.simulate(plan, model)
+    for stage, b_ms in [(0, 0.25), (1, 0.5)]:
+        b = sorted((e for e in result.events if e.kind == KIND_BACKWARD and e.stage == stage), key=lambda e: e.start_ms)
+        w = sorted((e for e in result.events if e.kind == KIND_WEIGHT and e.stage == stage), key=lambda e: e.start_ms)
+        assert [e.duration_ms for e in b] == pytest.approx([b_ms + cm.PASS_OVERHEAD_MS] * 2)
+        assert [e.duration_ms for e in w] == pytest.approx([2.0 - b_ms] * 2)
+        assert w[0].start_ms >= b[-1].end_ms
+
+
 def test_measured_allreduce_bandwidth_and_cpu_communication():
     cluster = local_task_cluster(2, 1)
     assert cluster.communication_uses_compute

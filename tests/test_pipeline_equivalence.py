@@ -55,11 +55,12 @@ ZERO_BUBBLE_PLANS = [p for p in PLANS if p[0] in ("1 stage, M=4 (accumulation)",
                                                    "3 stages 2:1:3, uneven")]
 
 
-@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2"])
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2", "dapple-batched-w"])
 @pytest.mark.parametrize("name,stages,m,n", ZERO_BUBBLE_PLANS, ids=[p[0] for p in ZERO_BUBBLE_PLANS])
 def test_zero_bubble_matches_single_device(values, name, stages, m, n, schedule, stage_functions):
     """B and W as tasks of their own, W where the schedule puts it (straight, replicated 2:1 / 1:2 / uneven,
-    skips across stages): the same training as one device."""
+    skips across stages; dapple-batched-w stacks the micro-batches' weight gradients): the same training as one
+    device."""
     handle = _check_matches_single_device(values, stages, m, n, schedule, stage_functions)
     assert handle.schedule.splits_backward
 

@@ -9,7 +9,8 @@
    different replication, and a copy of each variable on every device that reads it;
 4. backward (stage_builder.py, tasks.py): per stage in reverse, gradients of each clone or function call,
    split into input gradients (B) and weight gradients (W);
-5. order (tasks.py): control edges that make each device run its tasks in the schedule's order;
+5. order (tasks.py, weight_batching.py): control edges that make each device run its tasks in the schedule's
+   order (for dapple-batched-w, after stacking each stage's weight gradients over its micro-batches);
 6. gradients and AllReduce (gradients.py, collectives.py): accumulation over micro-batches, then sums
    across the replicas in buckets;
 7. apply (pipeline.py, replicas.py, batch_norm.py): the optimizer's step on every copy, UPDATE_OPS once per step.

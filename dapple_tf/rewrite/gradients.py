@@ -33,6 +33,9 @@ class GradientAccumulator:
         self.row_counts: Dict[Key, tf.Tensor] = {}  # for keys whose every gradient so far was sparse
         self._dense: set = set()  # keys that got a dense gradient at least once
         self.last_gradient: Dict[Key, tf.Tensor] = {}  # the latest micro-batch's gradient (its ops' creation order)
+        # keys summed from dense gradients alone: each backward task's gradient and the additions of the running sum
+        self.parts: Dict[Key, List[tf.Tensor]] = {}
+        self.sum_ops: Dict[Key, List[tf.Operation]] = {}
 
     def add(self, variable: tf.Variable, device: str, grad) -> None:
         """Adds one backward task's gradient (a Tensor or IndexedSlices) on `device`."""
@@ -49,7 +52,17 @@ class GradientAccumulator:
         dense = tf.convert_to_tensor(grad)
         dense.set_shape(variable.shape)  # gradients through control flow may lose it
         self.last_gradient[key] = dense
-        self.sums[key] = dense if key not in self.sums else self.sums[key] + dense
+        if key not in self.sums:
+            self.sums[key] = dense
+            self.parts[key], self.sum_ops[key] = [dense], []
+        else:
+            self.sums[key] = self.sums[key] + dense
+            if key in self.parts:
+                self.parts[key].append(dense)
+                self.sum_ops[key].append(self.sums[key].op)
+        if isinstance(grad, tf.IndexedSlices):
+            self.parts.pop(key, None)
+            self.sum_ops.pop(key, None)
 
     def running_sum(self, variable: tf.Variable, device: str):
         """The dense sum so far of `variable`'s gradients on `device` (None before the first, or while sparse)."""
@@ -61,9 +74,18 @@ class GradientAccumulator:
         key = (variable, device)
         self._dense.add(key)
         self.row_counts.pop(key, None)
+        self.parts.pop(key, None)
+        self.sum_ops.pop(key, None)
         total.set_shape(variable.shape)
         self.last_gradient[key] = total
         self.sums[key] = total
+
+    def replace_sum(self, key: Key, total: tf.Tensor) -> None:
+        """Makes `total` the sum of `key`'s gradients (computed otherwise than by adding its parts up)."""
+        total.set_shape(key[0].shape)
+        self.sums[key] = self.last_gradient[key] = total
+        self.parts.pop(key, None)
+        self.sum_ops.pop(key, None)
 
     def devices_of(self) -> Dict[tf.Variable, Tuple[str, ...]]:
         result: Dict[tf.Variable, Tuple[str, ...]] = {}

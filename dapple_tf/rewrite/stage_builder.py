@@ -30,9 +30,10 @@ from dapple_tf.rewrite import (collectives, graph_defs as graph_defs_lib, microb
 from dapple_tf.errors import DappleError
 from dapple_tf.rewrite.gradients import GradientAccumulator
 from dapple_tf.rewrite.layout import PipelineLayout
+from dapple_tf.rewrite import weight_batching
 from dapple_tf.rewrite.replicas import VariableCopies
 from dapple_tf.rewrite.template import BOUNDARY, EXTERNAL, INPUT, VARIABLE, Template
-from planner.formats.schedule import BACKWARD, FORWARD, Task
+from planner.formats.schedule import BACKWARD, BATCHED_W, FORWARD, Task
 
 
 @dataclasses.dataclass
@@ -100,6 +101,7 @@ class StageBuilder:
         self.clones: Dict[Tuple[int, int, int], _Clone] = {}
         self.weighted_losses: List[tf.Tensor] = []
         self.accumulator = GradientAccumulator()
+        self.batched_weight_gradients: Tuple = ()  # (variable, device) keys weight_batching stacked
         # (stage, micro-batch, replica, output name) -> [(first row, gradient piece)] per consumer stage
         self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, tf.Tensor]]]] = {}
         self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
@@ -368,9 +370,11 @@ class StageBuilder:
         # A stage whose input gradients an earlier stage waits for computes them first (tasks.input_gradients_first).
         # The first stage gates its gradients instead (as Optimizer.minimize's default GATE_OP): an op's gradients
         # all complete before any is used, so each layer's weight gradient is ready before the backward moves to
-        # earlier layers, and a gradient bucket can be all-reduced while they run (gradients.py).
-        grads = tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys, colocate_gradients_with_ops=True,
-                                       gate_gradients=not boundary)
+        # earlier layers, and a gradient bucket can be all-reduced while they run (gradients.py). Not where the
+        # weight gradients are stacked after the last backward (weight_batching.py): the gates would keep the
+        # per-micro-batch products running.
+        gate = not boundary and self.layout.schedule.kind != BATCHED_W
+        grads = tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys, colocate_gradients_with_ops=True, gate_gradients=gate)
         names = [e.tensor.name for e in boundary] + [e.tensor.name for e in trainable]
         by_name = dict(zip(names, grads))
         return ({e.tensor.name: by_name[e.tensor.name] for e in boundary},
@@ -408,13 +412,15 @@ class StageBuilder:
     def chain(self) -> None:
         schedule = self.layout.schedule
         self.task_ops.release_forward_inputs()
-        if schedule.splits_backward:  # B and W are tasks of their own (zero bubble)
+        if schedule.splits_backward and schedule.kind != BATCHED_W:  # B and W are tasks of their own (zero bubble)
             for key in [key for key in self.task_ops.ops if key[0].kind == BACKWARD]:
                 input_grads = self._gradient_split.get((key[0].stage, key[0].micro_batch, key[1]), ((),))[0]
                 self.task_ops.split_weight_task(key, input_grads)
         else:
             for (s, m, j), (input_grads, weight_grads, device) in self._gradient_split.items():
                 self.task_ops.input_gradients_first((Task(s, BACKWARD, m), j), input_grads, weight_grads, device)
+            if schedule.kind == BATCHED_W:  # W: the weight gradients stacked over all micro-batches
+                self.batched_weight_gradients = weight_batching.batch_weight_gradients(self.task_ops, self.accumulator)
         for lane, lane_tasks in enumerate(schedule.lane_tasks):  # a device group runs the tasks of all its stages
             for j, device in enumerate(self.template.stages[lane].stage.devices):
                 tasks.chain(self.task_ops, lane_tasks, j, device)

@@ -31,6 +31,16 @@ Kinds:
   then strictly alternates one backward and one forward, then drains the backwards.
   K_i comes from policy "A" (K_i = min(S - i, D)), policy "B" (K_i = min(2(S - i) - 1, D)),
   or is given explicitly. D caps the in-flight micro-batches (memory); it defaults to M.
+- "dapple-batched-w": DAPPLE's order of F and B (input gradients), every W at the end of its stage.
+  The runtime computes the deferred weight gradients of all micro-batches together where it can (one
+  matrix product over the micro-batches' rows instead of M thin ones and a running sum:
+  dapple_tf/rewrite/weight_batching.py); a stage's W runs while earlier stages drain their backwards.
+  Activations and output gradients stay alive until the W: GPipe's activation memory and more.
+
+    >>> print(build_schedule(2, 3, "dapple-batched-w"))
+    dapple-batched-w schedule, S=2 stages, M=3 micro-batches, K=[2, 1]
+    stage 0: F0 F1 B0 F2 B1 B2 W0 W1 W2
+    stage 1: F0 B0 F1 B1 F2 B2 W0 W1 W2
 
 Dependencies: F(s, m) needs F(s-1, m); B(s, m) needs F(s, m) and B(s+1, m); W(s, m) needs B(s, m).
 In a schedule without W tasks a B is the whole backward. Every replica of a stage runs its stage's order;
@@ -48,11 +58,14 @@ FORWARD = "F"
 BACKWARD = "B"
 WEIGHT = "W"
 INTERLEAVED = "interleaved"
-SCHEDULE_KINDS = ("dapple", "gpipe") + zero_bubble.KINDS + (INTERLEAVED,)
+BATCHED_W = "dapple-batched-w"
+SCHEDULE_KINDS = ("dapple", "gpipe") + zero_bubble.KINDS + (INTERLEAVED, BATCHED_W)
+DAPPLE_WARMUP_KINDS = ("dapple", BATCHED_W, "zb-h1")  # the kinds that take DAPPLE's K_i (policy or explicit)
 POLICIES = ("A", "B")
 
 
-_PROTO_NAMES = {"dapple": "DAPPLE", "gpipe": "GPIPE", "zb-h1": "ZB_H1", "zb-h2": "ZB_H2", INTERLEAVED: "INTERLEAVED"}
+_PROTO_NAMES = {"dapple": "DAPPLE", "gpipe": "GPIPE", "zb-h1": "ZB_H1", "zb-h2": "ZB_H2", INTERLEAVED: "INTERLEAVED",
+                BATCHED_W: "DAPPLE_BATCHED_W"}
 
 
 def schedule_enum(kind: str) -> int:
@@ -300,7 +313,7 @@ def build_schedule(
                             f"{INTERLEAVED!r} schedule runs several stages on one device, not {kind!r}")
     if kind in zero_bubble.KINDS:
         if warmup is not None and kind != "zb-h1":
-            raise ScheduleError(f"{kind} sets its own warm-up; explicit warm-up counts are for 'dapple' and 'zb-h1'")
+            raise ScheduleError(f"{kind} sets its own warm-up; explicit warm-up counts are for {DAPPLE_WARMUP_KINDS}")
         dapple_warmup = _checked_warmup(warmup, num_stages) if warmup is not None else warmup_counts(
             num_stages, policy, max_in_flight)
         forward_cap, live_cap = zero_bubble.caps(kind, dapple_warmup, max_in_flight)
@@ -319,6 +332,8 @@ def build_schedule(
         else:
             k = warmup_counts(num_stages, policy, max_in_flight)
         stage_tasks = tuple(_dapple_order(s, m, k[s]) for s in range(num_stages))
+        if kind == BATCHED_W:
+            stage_tasks = tuple(tasks + tuple(Task(s, WEIGHT, i) for i in range(m)) for s, tasks in enumerate(stage_tasks))
     schedule = Schedule(kind=kind, num_micro_batches=m, warmup=k, stage_tasks=stage_tasks)
     schedule.validate()
     return schedule
@@ -326,7 +341,7 @@ def build_schedule(
 
 def _interleaved(num_stages: int, num_lanes: int, num_micro_batches: int, warmup) -> Schedule:
     if warmup is not None:
-        raise ScheduleError(f"{INTERLEAVED!r} sets its own warm-up; explicit warm-up counts are for 'dapple' and 'zb-h1'")
+        raise ScheduleError(f"{INTERLEAVED!r} sets its own warm-up; explicit warm-up counts are for {DAPPLE_WARMUP_KINDS}")
     problem = interleaved.check(num_stages, num_lanes, num_micro_batches)
     if problem:
         raise ScheduleError(problem)

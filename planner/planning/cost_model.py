@@ -154,11 +154,12 @@ def stage_backward_ms(prefix: Prefix, first: int, end: int, micro_batch_size: in
 
 
 def stage_backward_input_ms(prefix: Prefix, first: int, end: int, micro_batch_size: int, replicas: int,
-                            overhead_ms: float = PASS_OVERHEAD_MS) -> Optional[float]:
+                            overhead_ms: float = PASS_OVERHEAD_MS, first_stage_splits: bool = False) -> Optional[float]:
     """How long into a backward the input gradients of layers [first, end) are ready (the runtime
-    computes them before the weight gradients on every stage but the first); None: not profiled."""
+    computes them before the weight gradients on every stage but the first, and on the first too with
+    `first_stage_splits`: schedule dapple-batched-w); None: not profiled."""
     per_sample = prefix.backward_input_per_sample(first, end)
-    if per_sample is None or first == 0:
+    if per_sample is None or (first == 0 and not first_stage_splits):
         return None
     return largest_slice(micro_batch_size, replicas) * per_sample + overhead_ms
 

@@ -32,7 +32,7 @@ from typing import List, Optional, Tuple, Union
 from planner.planning import cost_model as cm
 from planner.formats.model_profile import ModelProfile
 from planner.formats.profile import LayerCostProfile, load_profile
-from planner.formats.schedule import INTERLEAVED, Schedule, build_schedule, device_groups, schedule_kind
+from planner.formats.schedule import BATCHED_W, DAPPLE_WARMUP_KINDS, INTERLEAVED, Schedule, build_schedule, device_groups, schedule_kind
 from planner.formats import plan_pb2
 from planner.simulation.simulator import SimulationResult, StageCost, simulate
 
@@ -59,6 +59,7 @@ class _CostOptions:
     overhead_ms: float
     optimizer_bandwidth: Optional[float]
     link_contention: bool
+    first_stage_splits: bool = False  # the first stage's backward is B and W too (dapple-batched-w)
 
 
 def _layer_ranges(plan: plan_pb2.Plan, model: ModelProfile) -> List[Tuple[int, int]]:
@@ -126,7 +127,8 @@ class _PlanCoster:
             # The plan's backward includes the recomputed forward (plan_eval); the simulator runs it
             # as its own R box before B.
             bwd -= fwd - overhead_ms
-        backward_input = cm.stage_backward_input_ms(prefix, first, end, mbs, r, overhead_ms)
+        backward_input = cm.stage_backward_input_ms(prefix, first, end, mbs, r, overhead_ms,
+                                                    self.options.first_stage_splits)
         backward_input = None if backward_input is None else scale * backward_input
         return fwd, bwd, backward_input
 
@@ -167,9 +169,11 @@ def stage_costs(
     overhead_ms: float = cm.PASS_OVERHEAD_MS,
     optimizer_bandwidth: Optional[float] = V100_MEMORY_BANDWIDTH,
     link_contention: bool = False,
+    first_stage_splits: bool = False,
 ) -> List[StageCost]:
     """Per-stage costs of `plan` (cluster defaults to the plan's own); `link_contention` as in
-    cost_model.transfer_ms (the planner's Options.link_contention)."""
+    cost_model.transfer_ms (the planner's Options.link_contention); `first_stage_splits`: the first stage's
+    input gradients come before its weight gradients too (the runtime's dapple-batched-w)."""
     model = model_profile(profile)
     prefix = cm.Prefix(model)
     cluster = cluster if cluster is not None else plan.cluster
@@ -178,7 +182,7 @@ def stage_costs(
     if plan.micro_batch_size < 1:
         raise ValueError(f"the plan's micro-batch size must be >= 1, got {plan.micro_batch_size}")
     options = _CostOptions(overlap_allreduce, activation_multiplier, optimizer_multiplier, overhead_ms,
-                           optimizer_bandwidth, link_contention)
+                           optimizer_bandwidth, link_contention, first_stage_splits)
     coster = _PlanCoster(plan, model, prefix, cluster, options)
     return [coster.stage(i) for i in range(len(plan.stages))]
 
@@ -195,7 +199,7 @@ def plan_schedule(plan: plan_pb2.Plan, schedule: Optional[str] = None, policy: O
     lanes = device_groups([tuple(st.device_ids) for st in plan.stages])
     default = INTERLEAVED if lanes < s else "dapple"
     kind = schedule or (None if policy else schedule_kind(plan.schedule)) or default
-    if lanes < s or kind not in ("dapple", "zb-h1"):  # their own warm-up
+    if lanes < s or kind not in DAPPLE_WARMUP_KINDS:  # their own warm-up
         return build_schedule(s, m, kind, max_in_flight=max_in_flight, num_lanes=lanes)  # ScheduleError names kinds
     if policy is None:  # DAPPLE's K_i: those of the plan (zb-h1 bounds its forwards by them)
         ks = [st.warmup_micro_batches for st in plan.stages]
@@ -221,10 +225,10 @@ def simulate_plan(
 ) -> SimulationResult:
     """Simulates one iteration of `plan` (see the module docstring for the cost terms)."""
     cluster = cluster if cluster is not None else plan.cluster
+    sched = plan_schedule(plan, schedule, policy, max_in_flight)
     costs = stage_costs(plan, profile, cluster, overlap_allreduce=overlap_allreduce,
                         activation_multiplier=activation_multiplier, optimizer_bandwidth=optimizer_bandwidth,
-                        link_contention=link_contention)
-    sched = plan_schedule(plan, schedule, policy, max_in_flight)
+                        link_contention=link_contention, first_stage_splits=sched.kind == BATCHED_W)
     return simulate(costs, sched, micro_batch_size=plan.micro_batch_size, overlap_allreduce=overlap_allreduce,
                     duplex_links=duplex_links, device_memory_bytes=cluster.device_memory_bytes or None)
 

@@ -45,12 +45,16 @@ flags.DEFINE_boolean("gpipe", True, "Also measure every pipeline in GPipe order.
 flags.DEFINE_boolean("zero_bubble", True, "Also measure every pipeline in the zero-bubble orders (zb-h1, zb-h2).")
 flags.DEFINE_boolean("interleaved", True, "Also measure every pipeline interleaved: each worker holding two stages "
                      "(interleaved<S>-M<m>, where S divides m).")
+flags.DEFINE_boolean("batched_w", True, "Also measure single-M<m> and every pipeline with the weight gradients of all "
+                     "micro-batches stacked at the end (schedule dapple-batched-w).")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer.")
 flags.DEFINE_enum("stage_functions", "auto", ["auto", "true", "false"],
                   "build_pipeline's stage_functions: auto (its default), true (each stage built once as functions) "
                   "or false (each stage imported per micro-batch).")
 flags.DEFINE_float("allreduce_bucket_mb", None, "Gradient AllReduce bucket size (default: build_pipeline's).")
 flags.DEFINE_integer("steps", 10, "Timed steps per plan (after 3 warm-up steps); the median is kept.")
+flags.DEFINE_integer("rounds", 1, "Measure the list of plans this many times in turn and keep each plan's median: "
+                     "a machine whose speed drifts over minutes then slows every plan alike.", lower_bound=1)
 flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
 flags.DEFINE_string("trace_dir", None, "Write each plan's measured timeline (Chrome trace) and measured-vs-"
                     "simulated PNG here.")
@@ -88,8 +92,8 @@ def main(argv):
     passed = [f"--model={FLAGS.model}", f"--config={config}", f"--model_flags={model_flags}",
               f"--global_batch_size={batch}", f"--num_workers={n}", f"--cores_per_worker={FLAGS.cores_per_worker}",
               f"--micro_batches={','.join(FLAGS.micro_batches)}", f"--optimizer={FLAGS.optimizer}",
-              f"--steps={FLAGS.steps}", f"--gpipe={FLAGS.gpipe}", f"--zero_bubble={FLAGS.zero_bubble}",
-              f"--interleaved={FLAGS.interleaved}",
+              f"--steps={FLAGS.steps}", f"--rounds={FLAGS.rounds}", f"--gpipe={FLAGS.gpipe}", f"--zero_bubble={FLAGS.zero_bubble}",
+              f"--interleaved={FLAGS.interleaved}", f"--batched_w={FLAGS.batched_w}",
               f"--stage_functions={FLAGS.stage_functions}", "--as_chief"]
     if FLAGS.allreduce_bucket_mb is not None:
         passed.append(f"--allreduce_bucket_mb={FLAGS.allreduce_bucket_mb}")

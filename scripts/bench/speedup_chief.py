@@ -4,6 +4,7 @@ Runs under dapple_launch (TF_CONFIG names the pinned workers). See bench_speedup
 """
 
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -116,6 +117,10 @@ HEADER = (f"{'plan':16s} {'samples/s':>10s} {'ms':>8s} {'speedup':>8s} {'ideal':
           f"{'meas/sim':>8s}  peak MiB per worker")
 
 
+def rounds_text(rounds: int) -> str:
+    return f", median of {rounds} rounds (every plan measured once per round, in turn)" if rounds > 1 else ""
+
+
 def row_text(row) -> str:
     peaks = " ".join(f"{p / 2**20:.0f}" for p in row["peak_bytes"])
     return (f"{row['plan']:16s} {row['samples_per_s']:10.0f} {row['measured_ms']:8.1f} {row['speedup']:8.2f} "
@@ -163,16 +168,20 @@ def run(flags_, model_args) -> int:
     base_profile = profiles[batch]
     plans = speedup_plans.bench_plans(base_profile, pcluster, batch, n, [int(m) for m in flags_.micro_batches],
                                       gpipe=flags_.gpipe, zero_bubble=flags_.zero_bubble,
-                                      interleaved=flags_.interleaved)
+                                      interleaved=flags_.interleaved, batched_w=flags_.batched_w)
     plans.append(speedup_plans.planner_plan(profiles, pcluster, batch))
     plans = selected(plans, flags_.plans)
     print(f"{flags_.model} ({model_flags}), global batch {batch}, {n} workers x {flags_.cores_per_worker} core(s), "
-          f"{flags_.optimizer}; median of {flags_.steps} steps; setup {time.time() - start:.0f} s", flush=True)
-    print(HEADER, flush=True)
-    rows, single_ms = [], None
-    for plan in plans:
+          f"{flags_.optimizer}; median of {flags_.steps} steps{rounds_text(flags_.rounds)}; setup {time.time() - start:.0f} s", flush=True)
+    rows, single_ms, rounds = [], None, {plan.name: [] for plan in plans}
+    for plan in [plan for _ in range(flags_.rounds - 1) for plan in plans] + plans:
         ms, peaks, metadata, handle = measure_plan(spec, plan, cluster.target, session, batch, flags_.optimizer,
                                                    flags_.steps, flags_.allreduce_bucket_mb, flags_.stage_functions)
+        rounds[plan.name].append(ms)
+        if len(rounds[plan.name]) < flags_.rounds:
+            print(f"  round {len(rounds[plan.name])} of {flags_.rounds}: {plan.name} {ms:.1f} ms", flush=True)
+            continue
+        ms = statistics.median(rounds[plan.name])
         single_ms = single_ms or (ms if plan.name == "single" else None)
         profile = profile_for(plan, profiles)
         simulated = speedup_plans.simulate(plan, profile)
@@ -180,7 +189,10 @@ def run(flags_, model_args) -> int:
         row = {"plan": plan.name, "stages": speedup_plans.describe(plan), "measured_ms": ms, "simulated_ms": sim,
                "samples_per_s": batch / ms * 1e3, "speedup": (single_ms / ms) if single_ms else float("nan"),
                "ideal_speedup": plan.ideal_speedup, "measured_over_simulated": ms / sim,
-               "peak_bytes": [peaks.get(d, 0) for d in devices], "profile": os.path.basename(profile)}
+               "peak_bytes": [peaks.get(d, 0) for d in devices], "profile": os.path.basename(profile),
+               "rounds_ms": rounds[plan.name]}
+        if not rows:
+            print(HEADER, flush=True)
         rows.append(row)
         print(row_text(row), flush=True)
         if flags_.trace_dir:

@@ -7,6 +7,8 @@ plays the same stages, micro-batches and schedule.
 Names: `single` (one worker, M=1), `dp<N>` (one stage on N workers), `straight<S>-M<m>` (S stages,
 one worker each, DAPPLE order), `gpipe<S>-M<m>` (the same in GPipe order), `straight<S>-M<m>-zb-h1` and
 `straight<S>-M<m>-zb-h2` (the same in the zero-bubble orders: planner/formats/zero_bubble.py),
+`single-M<m>-batched-w` and `straight<S>-M<m>-batched-w` (DAPPLE's order with the weight gradients of all
+micro-batches stacked at the end: schedule "dapple-batched-w"),
 `interleaved<S>-M<m>` (S workers holding two stages each, the model cut into 2S stages: the planner's
 interleaved variant, planner/planning/interleave.py), `planner` (the fastest plan by the
 planner's cost model, DAPPLE's or a baseline's, each micro-batch size costed by the profile measured nearest
@@ -19,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from planner.planning import api, cost_model as cm
 from planner.planning.interleave import interleaved_plan
 from planner.planning.plan_eval import Options, evaluate, to_plan
-from planner.formats.schedule import schedule_enum, schedule_kind
+from planner.formats.schedule import BATCHED_W, schedule_enum, schedule_kind
 from planner.formats import plan_pb2
 from planner.simulation.sim_adapter import model_profile, simulate_plan
 
@@ -91,14 +93,19 @@ def make_plan(name: str, profile, cluster: plan_pb2.Cluster, global_batch_size: 
 
 def bench_plans(profile, cluster: plan_pb2.Cluster, global_batch_size: int, num_workers: int,
                 micro_batches: Sequence[int], gpipe: bool = True, zero_bubble: bool = True,
-                interleaved: bool = True) -> List[BenchPlan]:
+                interleaved: bool = True, batched_w: bool = True) -> List[BenchPlan]:
     """single, dp<N>, straight<S>-M<m> for S in 2..N and every m (gpipe<S>-M<m>, straight<S>-M<m>-zb-h1 and
-    -zb-h2 too, m > 1; interleaved<S>-M<m> where S divides m)."""
+    -zb-h2 too, m > 1; interleaved<S>-M<m> where S divides m; -batched-w variants of single-M<m> and
+    straight<S>-M<m>, m > 1)."""
     model = model_profile(profile)
     n = model.num_layers
     plans = [make_plan("single", model, cluster, global_batch_size, [(0, n, [0])], 1)]
-    plans += [make_plan(f"single-M{m}", model, cluster, global_batch_size, [(0, n, [0])], m)
-              for m in micro_batches if m > 1 and global_batch_size % m == 0]
+    for m in micro_batches:
+        if m > 1 and global_batch_size % m == 0:
+            plans.append(make_plan(f"single-M{m}", model, cluster, global_batch_size, [(0, n, [0])], m))
+            if batched_w:
+                plans.append(make_plan(f"single-M{m}-batched-w", model, cluster, global_batch_size, [(0, n, [0])],
+                                       m, BATCHED_W))
     plans.append(make_plan(f"dp{num_workers}", model, cluster, global_batch_size,
                            [(0, n, list(range(num_workers)))], 1))
     costs = [f + b for f, b in zip(model.forward_ms, model.backward_ms)]
@@ -112,6 +119,9 @@ def bench_plans(profile, cluster: plan_pb2.Cluster, global_batch_size: int, num_
                 plans.append(make_plan(f"gpipe{s}-M{m}", model, cluster, global_batch_size, stages, m, "gpipe"))
             for kind in ("zb-h1", "zb-h2") if zero_bubble and m > 1 else ():
                 plans.append(make_plan(f"straight{s}-M{m}-{kind}", model, cluster, global_batch_size, stages, m, kind))
+            if batched_w and m > 1:
+                plans.append(make_plan(f"straight{s}-M{m}-batched-w", model, cluster, global_batch_size, stages, m,
+                                       BATCHED_W))
             variant = interleaved_plan(plans[-1].proto, model, 2) if interleaved and m > 1 else None
             if variant is not None:
                 plans.append(BenchPlan(f"interleaved{s}-M{m}", variant))
