@@ -60,8 +60,8 @@ def test_a_later_stage_sends_its_input_gradients_before_its_weight_gradients():
 
 def test_batched_weight_gradients_run_after_each_stages_last_backward():
     """dapple-batched-w: every stage, the first too, runs B (its input gradients: layer 1's on stage 0, layer 0
-    has none) per micro-batch and all its W at the end; the simulator's W lasts what the profile says (the
-    stacked product's saving is the runtime's, not the linear cost model's)."""
+    has none) per micro-batch and all its W at the end; W lasts what the slice's profile says (the
+    stacked product's saving shows when W is costed by a profile measured at the stacked rows)."""
     cluster = local_task_cluster(2, 1)
     model = ModelProfile.from_proto(_profile(backward_input=0.5))
     plan = speedup_plans.make_plan("s", model, cluster, 8, [(0, 2, [0]), (2, 4, [1])], 2, "dapple-batched-w")
@@ -72,6 +72,16 @@ def test_batched_weight_gradients_run_after_each_stages_last_backward():
         assert [e.duration_ms for e in b] == pytest.approx([b_ms + cm.PASS_OVERHEAD_MS] * 2)
         assert [e.duration_ms for e in w] == pytest.approx([2.0 - b_ms] * 2)
         assert w[0].start_ms >= b[-1].end_ms
+    # W costed at the stacked rows' profile (16 samples: backward 2 ms, of it 1 ms input gradients per layer, the
+    # first layer's all weight gradient): per slice of 4, stage 0 W = 0.5 + 0.25, stage 1 W = 2 x 0.25; B unchanged
+    stacked = speedup_plans.simulate(plan, model, stacked_profile=ModelProfile.from_proto(
+        _profile(batch_size=16, backward_input=1.0)))
+    for stage, b_ms, w_ms in [(0, 0.25, 0.75), (1, 0.5, 0.5)]:
+        boxes = {kind: [e.duration_ms for e in stacked.events if e.kind == kind and e.stage == stage]
+                 for kind in (KIND_BACKWARD, KIND_WEIGHT)}
+        assert boxes == {KIND_BACKWARD: pytest.approx([b_ms + cm.PASS_OVERHEAD_MS] * 2),
+                         KIND_WEIGHT: pytest.approx([w_ms] * 2)}
+    assert stacked.iteration_ms < result.iteration_ms
 
 
 def test_measured_allreduce_bandwidth_and_cpu_communication():

@@ -32,7 +32,8 @@ from typing import List, Optional, Tuple, Union
 from planner.planning import cost_model as cm
 from planner.formats.model_profile import ModelProfile
 from planner.formats.profile import LayerCostProfile, load_profile
-from planner.formats.schedule import BATCHED_W, DAPPLE_WARMUP_KINDS, INTERLEAVED, Schedule, build_schedule, device_groups, schedule_kind
+from planner.formats.schedule import (BATCHED_W, DAPPLE_WARMUP_KINDS, INTERLEAVED, Schedule, build_schedule, device_groups,
+                                      schedule_kind)
 from planner.formats import plan_pb2
 from planner.simulation.simulator import SimulationResult, StageCost, simulate
 
@@ -222,15 +223,29 @@ def simulate_plan(
     max_in_flight: Optional[int] = None,
     optimizer_bandwidth: Optional[float] = V100_MEMORY_BANDWIDTH,
     link_contention: bool = False,
+    stacked_profile: Union[str, LayerCostProfile, ModelProfile, None] = None,
 ) -> SimulationResult:
-    """Simulates one iteration of `plan` (see the module docstring for the cost terms)."""
+    """Simulates one iteration of `plan` (see the module docstring for the cost terms). `stacked_profile`: for
+    schedule dapple-batched-w, a profile measured at the stacked rows (M x the slice), which costs the W tasks:
+    the runtime computes them as one product over all micro-batches (without it, W costs what `profile` says)."""
     cluster = cluster if cluster is not None else plan.cluster
     sched = plan_schedule(plan, schedule, policy, max_in_flight)
-    costs = stage_costs(plan, profile, cluster, overlap_allreduce=overlap_allreduce,
-                        activation_multiplier=activation_multiplier, optimizer_bandwidth=optimizer_bandwidth,
-                        link_contention=link_contention, first_stage_splits=sched.kind == BATCHED_W)
+    options = dict(overlap_allreduce=overlap_allreduce, activation_multiplier=activation_multiplier,
+                   optimizer_bandwidth=optimizer_bandwidth, link_contention=link_contention,
+                   first_stage_splits=sched.kind == BATCHED_W)
+    costs = stage_costs(plan, profile, cluster, **options)
+    if stacked_profile is not None and sched.kind == BATCHED_W:
+        costs = [_stacked_weight_cost(i, cost, stacked)
+                 for i, (cost, stacked) in enumerate(zip(costs, stage_costs(plan, stacked_profile, cluster, **options)))]
     return simulate(costs, sched, micro_batch_size=plan.micro_batch_size, overlap_allreduce=overlap_allreduce,
                     duplex_links=duplex_links, device_memory_bytes=cluster.device_memory_bytes or None)
+
+
+def _stacked_weight_cost(stage: int, cost: StageCost, stacked: StageCost) -> StageCost:
+    """`cost` with its W (weight-gradient) part at the per-sample cost of the stacked rows' profile."""
+    b = cost.input_gradient_ms(stage)
+    w = stacked.backward_ms - stacked.input_gradient_ms(stage)
+    return dataclasses.replace(cost, backward_ms=b + w, backward_input_ms=b)
 
 
 def relative_difference(plan: plan_pb2.Plan, result: SimulationResult) -> float:

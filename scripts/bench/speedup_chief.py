@@ -54,6 +54,17 @@ def profile_for(plan: speedup_plans.BenchPlan, profiles: Dict[int, str]) -> str:
     return profiles[nearest_profile_size(profiles, largest_slice_of(plan.proto))]
 
 
+def stacked_profile_for(plan: speedup_plans.BenchPlan, profiles: Dict[int, str]):
+    """For a batched-w plan, the profile measured at its stacked rows (M x the largest slice; the nearest one
+    measured), which costs its W tasks; None for other plans."""
+    from planner.formats.schedule import BATCHED_W, schedule_kind
+    from planner.planning.api import largest_slice_of, nearest_profile_size
+
+    if schedule_kind(plan.proto.schedule) != BATCHED_W:
+        return None
+    return profiles[nearest_profile_size(profiles, plan.proto.num_micro_batches * largest_slice_of(plan.proto))]
+
+
 def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, steps, bucket_mb=None,
                  stage_functions="auto"):
     """(median step ms, peak bytes per device, RunMetadata of a traced step, handle) of one plan."""
@@ -184,7 +195,7 @@ def run(flags_, model_args) -> int:
         ms = statistics.median(rounds[plan.name])
         single_ms = single_ms or (ms if plan.name == "single" else None)
         profile = profile_for(plan, profiles)
-        simulated = speedup_plans.simulate(plan, profile)
+        simulated = speedup_plans.simulate(plan, profile, stacked_profile=stacked_profile_for(plan, profiles))
         sim = simulated.iteration_ms
         row = {"plan": plan.name, "stages": speedup_plans.describe(plan), "measured_ms": ms, "simulated_ms": sim,
                "samples_per_s": batch / ms * 1e3, "speedup": (single_ms / ms) if single_ms else float("nan"),

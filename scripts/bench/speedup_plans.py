@@ -144,9 +144,11 @@ def costed_by(plan: BenchPlan, profile) -> plan_pb2.Plan:
     return proto
 
 
-def simulate(plan: BenchPlan, profile, optimizer_bandwidth: Optional[float] = None):
-    """The simulator's result for the plan (its own schedule), every cost from the profile."""
-    return simulate_plan(costed_by(plan, profile), profile, optimizer_bandwidth=optimizer_bandwidth)
+def simulate(plan: BenchPlan, profile, optimizer_bandwidth: Optional[float] = None, stacked_profile=None):
+    """The simulator's result for the plan (its own schedule), every cost from the profile (a batched-w plan's
+    W from `stacked_profile`, measured at its stacked rows, if given)."""
+    return simulate_plan(costed_by(plan, profile), profile, optimizer_bandwidth=optimizer_bandwidth,
+                         stacked_profile=stacked_profile)
 
 
 def describe(plan: BenchPlan) -> str:
