@@ -194,6 +194,10 @@ def test_recompute_argument_errors():
         with tf.Graph().as_default(), pytest.raises(PlanError, match=message):
             dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), adam(), plan,
                                      dapple_tf.PipelineOptions(recompute=recompute))
+    with tf.Graph().as_default(), pytest.raises(PlanError, match=r"schedule 'dapple-batched-w' keeps every "
+                                                              r".*re-computation \(stages \[1\]\) exists to avoid"):
+        dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), adam(), plan,
+                                 dapple_tf.PipelineOptions(recompute=[1], schedule="dapple-batched-w"))
 
 
 def test_a_stage_that_changes_state_is_not_recomputed():

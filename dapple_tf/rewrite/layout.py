@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 from dapple_tf.errors import PlanError
 from dapple_tf.plan import Plan, ResolvedStage
 from dapple_tf.rewrite import microbatch, recompute as recompute_lib
-from planner.formats.schedule import Schedule
+from planner.formats.schedule import BATCHED_W, Schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +45,17 @@ class PipelineLayout:
         micro_size = microbatch.micro_batch_size(
             template.global_batch_size, plan.num_micro_batches, [s.replication for s in stages]
         )
-        return cls(
+        layout = cls(
             stages=stages,
             num_micro_batches=plan.num_micro_batches,
             micro_batch_size=micro_size,
             schedule=plan.schedule(schedule or plan.default_schedule),
             recompute=recompute_lib.stages_to_recompute(recompute, plan.recompute, len(stages)),
         )
+        if layout.schedule.kind == BATCHED_W and any(layout.recompute):
+            stages_ = [i for i, on in enumerate(layout.recompute) if on]
+            raise PlanError(
+                f"{plan.source}: schedule {BATCHED_W!r} keeps every micro-batch's activations until its stage's last "
+                f"backward, which re-computation (stages {stages_}) exists to avoid; use one of them (recompute=False, "
+                f"or another schedule)")
+        return layout
