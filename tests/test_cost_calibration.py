@@ -82,6 +82,12 @@ def test_batched_weight_gradients_run_after_each_stages_last_backward():
         assert boxes == {KIND_BACKWARD: pytest.approx([b_ms + cm.PASS_OVERHEAD_MS] * 2),
                          KIND_WEIGHT: pytest.approx([w_ms] * 2)}
     assert stacked.iteration_ms < result.iteration_ms
+    # the plan's stored stage costs (from the slice's profile) do not leak into the stacked W
+    from planner.simulation.sim_adapter import simulate_plan
+    direct = simulate_plan(plan.proto, model, stacked_profile=ModelProfile.from_proto(
+        _profile(batch_size=16, backward_input=1.0)), optimizer_bandwidth=None)
+    assert sorted(e.duration_ms for e in direct.events if e.kind == KIND_WEIGHT) == pytest.approx(
+        sorted(e.duration_ms for e in stacked.events if e.kind == KIND_WEIGHT))
 
 
 def test_measured_allreduce_bandwidth_and_cpu_communication():
@@ -134,3 +140,18 @@ def test_devices_that_slow_each_other_cost_more_when_several_compute():
         assert after.backward_ms == pytest.approx(1.25 * before.backward_ms)
     simulated = speedup_plans.simulate(speedup_plans.BenchPlan("s2", pipeline_slowed), model)
     assert [st.forward_ms for st in simulated.stages] == pytest.approx([st.forward_ms for st in pipeline_slowed.stages])
+
+
+def test_batched_w_is_not_weighed_for_a_plan_that_recomputes():
+    """The runtime refuses dapple-batched-w with re-computation (dapple_tf/rewrite/layout.py), so the planner's
+    schedule choice leaves it out for such a plan."""
+    from planner.formats.schedule import schedule_kind
+    from planner.planning.schedule_choice import weigh_schedules
+
+    model = ModelProfile.from_proto(_profile(backward_input=0.5))
+    plan = speedup_plans.make_plan("s", model, local_task_cluster(2, 1), 8, [(0, 2, [0]), (2, 4, [1])], 2).proto
+    weigh_schedules(plan, model, kinds=("dapple", "dapple-batched-w"))
+    assert [schedule_kind(e.schedule) for e in plan.schedule_estimates] == ["dapple", "dapple-batched-w"]
+    plan.stages[0].recompute = True
+    weigh_schedules(plan, model, kinds=("dapple", "dapple-batched-w"))
+    assert [schedule_kind(e.schedule) for e in plan.schedule_estimates] == ["dapple"]

@@ -29,15 +29,17 @@ def test_schedule_defers_every_weight_gradient_to_the_end_of_its_stage():
     assert [t.kind for t in build_schedule(1, 2, BATCHED_W).stage_tasks[0]] == [FORWARD, "B", FORWARD, "B", WEIGHT, WEIGHT]
 
 
-def _ran_matmuls(schedule, stages, m, n=16):
-    """Names of the MatMul operations one traced training step ran, and the pipeline's first-step gradients."""
+def _ran_matmuls(schedule, stages, m, n=16, handles=None, **options):
+    """Names of the MatMul operations one traced training step ran (`handles`: a list the handle is added to)."""
     x, y = toy_models.batch(n)
     values = toy_models.initial_values()
     with tf.Graph().as_default() as graph:
         handle = dapple_tf.build_pipeline(toy_models.skip_model_fn(values), tf.constant(x), tf.constant(y),
                                           tf.compat.v1.train.GradientDescentOptimizer(0.1),
                                           dapple_tf.Plan.from_stages(stages, num_micro_batches=m),
-                                          dapple_tf.PipelineOptions(schedule=schedule))
+                                          dapple_tf.PipelineOptions(schedule=schedule, **options))
+        if handles is not None:
+            handles.append(handle)
         types = {op.name: op.type for op in graph.get_operations()}
         with tf.compat.v1.Session(config=handle.session_config(SESSION_CONFIG)) as sess:
             sess.run(handle.initializer)
@@ -77,3 +79,19 @@ def test_weights_read_twice_keep_their_per_micro_batch_gradients():
     assert_close_dicts(want_grads, grads)
     assert_close_dicts(want_weights, weights)
     assert np.isfinite(losses).all()
+
+
+def test_stages_are_cloned_where_functions_would_not_stack(monkeypatch):
+    """Where the size would pick stage functions, dapple-batched-w clones (function calls compute their own weight
+    gradients); asked for functions, it builds them and warns that nothing is stacked."""
+    from dapple_tf.rewrite import stage_function
+
+    monkeypatch.setattr(stage_function, "AUTO_CLONED_OPS", 0)  # every model "large"
+    stages, handles = [(0, 1, [cpu(0)]), (2, 4, [cpu(1)])], []
+    _ran_matmuls("dapple", stages, 2, handles=handles)
+    assert handles[-1].function_call_ops  # the default picks functions at this size
+    stacked = [n for n in _ran_matmuls(BATCHED_W, stages, 2, handles=handles) if n.startswith("batched_weight")]
+    assert not handles[-1].function_call_ops and len(stacked) == 6
+    with pytest.warns(UserWarning, match="with stage_functions=True: each call computes its weight gradients itself"):
+        ran = _ran_matmuls(BATCHED_W, stages, 2, handles=handles, stage_functions=True)
+    assert handles[-1].function_call_ops and not [n for n in ran if n.startswith("batched_weight")]

@@ -81,7 +81,9 @@ class GradientAccumulator:
         self.sums[key] = total
 
     def replace_sum(self, key: Key, total: tf.Tensor) -> None:
-        """Makes `total` the sum of `key`'s gradients (computed otherwise than by adding its parts up)."""
+        """Makes `total` the sum of `key`'s dense gradients (computed otherwise than by adding its parts up)."""
+        if key not in self.parts:
+            raise ValueError(f"{key[0].name} on {key[1]}: no dense per-task gradients to replace")
         total.set_shape(key[0].shape)
         self.sums[key] = self.last_gradient[key] = total
         self.parts.pop(key, None)

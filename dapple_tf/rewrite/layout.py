@@ -56,6 +56,6 @@ class PipelineLayout:
             stages_ = [i for i, on in enumerate(layout.recompute) if on]
             raise PlanError(
                 f"{plan.source}: schedule {BATCHED_W!r} keeps every micro-batch's activations until its stage's last "
-                f"backward, which re-computation (stages {stages_}) exists to avoid; use one of them (recompute=False, "
-                f"or another schedule)")
+                f"backward, which re-computation (stages {stages_}) exists to avoid: set recompute=False or choose another "
+                f"schedule")
         return layout

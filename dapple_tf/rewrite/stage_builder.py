@@ -21,6 +21,7 @@ the clones would be large (`stage_function.use_functions`).
 
 import dataclasses
 import random
+import warnings
 from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
@@ -101,7 +102,6 @@ class StageBuilder:
         self.clones: Dict[Tuple[int, int, int], _Clone] = {}
         self.weighted_losses: List[tf.Tensor] = []
         self.accumulator = GradientAccumulator()
-        self.batched_weight_gradients: Tuple = ()  # (variable, device) keys weight_batching stacked
         # (stage, micro-batch, replica, output name) -> [(first row, gradient piece)] per consumer stage
         self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, tf.Tensor]]]] = {}
         self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
@@ -144,7 +144,7 @@ class StageBuilder:
         if self._sync_keys is not None:
             self._synchronize_batch_norms(graph_defs)
         self._graph_defs = graph_defs
-        if stage_function.use_functions(self._stage_functions, self.template.stages, self.layout.num_micro_batches):
+        if self._uses_functions():
             self._define_functions(graph_defs)
         imported = self._imported_micro_batches()
         micro_inputs = self._micro_batch_inputs()
@@ -408,6 +408,18 @@ class StageBuilder:
                 sums.append(microbatch.concat_rows([g for _, g in pieces]))
         return sums[0] if len(sums) == 1 else tf.add_n(sums)
 
+    def _uses_functions(self) -> bool:
+        """stage_function.use_functions, except that schedule dapple-batched-w stacks weight gradients of clones
+        only: by default its stages are cloned; asked for functions, it warns that they are not stacked."""
+        if self.layout.schedule.kind != BATCHED_W:
+            return stage_function.use_functions(self._stage_functions, self.template.stages,
+                                                self.layout.num_micro_batches)
+        if self._stage_functions:
+            warnings.warn(f"schedule {BATCHED_W!r} with stage_functions=True: each call computes its weight gradients "
+                          "itself, so they are not stacked over the micro-batches (stages cloned per micro-batch "
+                          "are: stage_functions=None or False)", UserWarning, stacklevel=4)
+        return bool(self._stage_functions)
+
     # -- schedule --------------------------------------------------------------------------
     def chain(self) -> None:
         schedule = self.layout.schedule
@@ -420,7 +432,7 @@ class StageBuilder:
             for (s, m, j), (input_grads, weight_grads, device) in self._gradient_split.items():
                 self.task_ops.input_gradients_first((Task(s, BACKWARD, m), j), input_grads, weight_grads, device)
             if schedule.kind == BATCHED_W:  # W: the weight gradients stacked over all micro-batches
-                self.batched_weight_gradients = weight_batching.batch_weight_gradients(self.task_ops, self.accumulator)
+                weight_batching.batch_weight_gradients(self.task_ops, self.accumulator)
         for lane, lane_tasks in enumerate(schedule.lane_tasks):  # a device group runs the tasks of all its stages
             for j, device in enumerate(self.template.stages[lane].stage.devices):
                 tasks.chain(self.task_ops, lane_tasks, j, device)

@@ -44,6 +44,10 @@ def _batchable(key: Key, accumulator: GradientAccumulator, task_of: Dict[tf.Oper
     summing = set(sum_ops)
     if any(set(g.consumers()) - summing or g.op._control_outputs for g in parts):  # pylint: disable=protected-access
         return None
+    # each partial sum feeds only the next addition (the last one: whatever uses the total, which is replaced)
+    if any(set(op.outputs[0].consumers()) != {nxt} or op._control_outputs  # pylint: disable=protected-access
+           for op, nxt in zip(sum_ops, sum_ops[1:])):
+        return None
     tasks = [task_of.get(g.op) for g in parts]
     if any(t is None for t in tasks) or len({(t[0].stage, t[1]) for t in tasks}) != 1 or len(set(tasks)) != len(tasks):
         return None
@@ -66,7 +70,7 @@ def batch_weight_gradients(task_ops: TaskOps, accumulator: GradientAccumulator) 
         for task in set(tasks):
             task_ops.ops[task] = [op for op in task_ops.ops[task] if op not in dropped]
         variable, device = key
-        with task_ops.capture(Task(last.stage, WEIGHT, last.micro_batch), replica), tf.device(parts[-1].op.device), tf.control_dependencies(None), \
+        with task_ops.capture(Task(last.stage, WEIGHT, last.micro_batch), replica), tf.device(device), tf.control_dependencies(None), \
                 tf.name_scope(f"batched_weight_gradient/{variable.op.name}"):
             rows = tf.concat([g.op.inputs[0] for g in parts], axis=0)
             gradients = tf.concat([g.op.inputs[1] for g in parts], axis=0)

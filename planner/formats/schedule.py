@@ -32,10 +32,11 @@ Kinds:
   K_i comes from policy "A" (K_i = min(S - i, D)), policy "B" (K_i = min(2(S - i) - 1, D)),
   or is given explicitly. D caps the in-flight micro-batches (memory); it defaults to M.
 - "dapple-batched-w": DAPPLE's order of F and B (input gradients), every W at the end of its stage.
-  The runtime computes the deferred weight gradients of all micro-batches together where it can (one
-  matrix product over the micro-batches' rows instead of M thin ones and a running sum:
+  The runtime computes the weight gradients of all micro-batches together where it can (one matrix
+  product over the micro-batches' rows instead of M thin ones and a running sum; the others stay in B:
   dapple_tf/rewrite/weight_batching.py); a stage's W runs while earlier stages drain their backwards.
-  Activations and output gradients stay alive until the W: GPipe's activation memory and more.
+  Activations and output gradients stay alive until the W: GPipe's activation memory and more (D caps
+  only the warm-up forwards).
 
     >>> print(build_schedule(2, 3, "dapple-batched-w"))
     dapple-batched-w schedule, S=2 stages, M=3 micro-batches, K=[2, 1]

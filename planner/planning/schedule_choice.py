@@ -12,7 +12,7 @@ is recorded in the plan (`Plan.schedule_estimates`), so `dapple_plan` shows the 
 
 from typing import Sequence
 
-from planner.formats.schedule import INTERLEAVED, schedule_enum, schedule_kind
+from planner.formats.schedule import BATCHED_W, INTERLEAVED, schedule_enum, schedule_kind
 from planner.formats import plan_pb2
 from planner.planning.interleave import interleaved_plan
 from planner.simulation.sim_adapter import simulate_plan
@@ -30,6 +30,8 @@ def weigh_schedules(plan: plan_pb2.Plan, model, kinds: Sequence[str] = CANDIDATE
     capacity = plan.cluster.device_memory_bytes
     variants = {}
     for kind in kinds:
+        if kind == BATCHED_W and any(st.recompute for st in plan.stages):
+            continue  # the runtime refuses it: re-computation frees what the stacked W keeps
         variants[kind] = interleaved_plan(plan, model, VIRTUAL_STAGES) if kind == INTERLEAVED else plan
         if variants[kind] is None:
             continue

@@ -235,14 +235,26 @@ def simulate_plan(
                    first_stage_splits=sched.kind == BATCHED_W)
     costs = stage_costs(plan, profile, cluster, **options)
     if stacked_profile is not None and sched.kind == BATCHED_W:
-        costs = [_stacked_weight_cost(i, cost, stacked)
-                 for i, (cost, stacked) in enumerate(zip(costs, stage_costs(plan, stacked_profile, cluster, **options)))]
+        stacked_costs = stage_costs(without_stored_costs(plan), stacked_profile, cluster, **options)
+        costs = [_stacked_weight_cost(i, cost, stacked) for i, (cost, stacked) in enumerate(zip(costs, stacked_costs))]
     return simulate(costs, sched, micro_batch_size=plan.micro_batch_size, overlap_allreduce=overlap_allreduce,
                     duplex_links=duplex_links, device_memory_bytes=cluster.device_memory_bytes or None)
 
 
+def without_stored_costs(plan: plan_pb2.Plan) -> plan_pb2.Plan:
+    """A copy of `plan` without the stage costs it was planned with, so that simulating it costs every stage
+    from the profile given (e.g. one measured at another batch size)."""
+    proto = plan_pb2.Plan()
+    proto.CopyFrom(plan)
+    for stage in proto.stages:
+        stage.forward_ms = stage.backward_ms = stage.allreduce_ms = 0.0
+    return proto
+
+
 def _stacked_weight_cost(stage: int, cost: StageCost, stacked: StageCost) -> StageCost:
-    """`cost` with its W (weight-gradient) part at the per-sample cost of the stacked rows' profile."""
+    """`cost` with its W (weight-gradient) part at the per-sample cost of the stacked rows' profile (every
+    weight gradient priced as stacked: the runtime keeps biases, convolutions and shared weights in B, minor
+    for dense models)."""
     b = cost.input_gradient_ms(stage)
     w = stacked.backward_ms - stacked.input_gradient_ms(stage)
     return dataclasses.replace(cost, backward_ms=b + w, backward_input_ms=b)

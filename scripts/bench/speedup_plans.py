@@ -23,7 +23,7 @@ from planner.planning.interleave import interleaved_plan
 from planner.planning.plan_eval import Options, evaluate, to_plan
 from planner.formats.schedule import BATCHED_W, schedule_enum, schedule_kind
 from planner.formats import plan_pb2
-from planner.simulation.sim_adapter import model_profile, simulate_plan
+from planner.simulation.sim_adapter import model_profile, simulate_plan, without_stored_costs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,20 +134,10 @@ def planner_plan(profiles: Dict[int, object], cluster: plan_pb2.Cluster, global_
     return BenchPlan("planner", api.plan_from_profiles(models, cluster, global_batch_size))
 
 
-def costed_by(plan: BenchPlan, profile) -> plan_pb2.Plan:
-    """The plan's proto without the stage costs it was planned with, so that simulating it costs every
-    stage from `profile` (e.g. one measured at the plan's own micro-batch size)."""
-    proto = plan_pb2.Plan()
-    proto.CopyFrom(plan.proto)
-    for stage in proto.stages:
-        stage.forward_ms = stage.backward_ms = stage.allreduce_ms = 0.0
-    return proto
-
-
 def simulate(plan: BenchPlan, profile, optimizer_bandwidth: Optional[float] = None, stacked_profile=None):
     """The simulator's result for the plan (its own schedule), every cost from the profile (a batched-w plan's
     W from `stacked_profile`, measured at its stacked rows, if given)."""
-    return simulate_plan(costed_by(plan, profile), profile, optimizer_bandwidth=optimizer_bandwidth,
+    return simulate_plan(without_stored_costs(plan.proto), profile, optimizer_bandwidth=optimizer_bandwidth,
                          stacked_profile=stacked_profile)
 
 
