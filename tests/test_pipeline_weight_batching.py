@@ -30,7 +30,8 @@ def test_schedule_defers_every_weight_gradient_to_the_end_of_its_stage():
 
 
 def _ran_matmuls(schedule, stages, m, n=16, handles=None, **options):
-    """Names of the MatMul operations one traced training step ran (`handles`: a list the handle is added to)."""
+    """Names of the MatMul operations one traced training step ran (`handles`: a list the handle and the step's
+    RunMetadata are added to)."""
     x, y = toy_models.batch(n)
     values = toy_models.initial_values()
     with tf.Graph().as_default() as graph:
@@ -46,6 +47,8 @@ def _ran_matmuls(schedule, stages, m, n=16, handles=None, **options):
             meta = tf.compat.v1.RunMetadata()
             sess.run(handle.train_op, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
                      run_metadata=meta)
+        if handles is not None:
+            handles.append(meta)
     return [node.node_name for dev in meta.step_stats.dev_stats for node in dev.node_stats
             if types.get(node.node_name) == "MatMul"]
 
@@ -89,9 +92,26 @@ def test_stages_are_cloned_where_functions_would_not_stack(monkeypatch):
     monkeypatch.setattr(stage_function, "AUTO_CLONED_OPS", 0)  # every model "large"
     stages, handles = [(0, 1, [cpu(0)]), (2, 4, [cpu(1)])], []
     _ran_matmuls("dapple", stages, 2, handles=handles)
-    assert handles[-1].function_call_ops  # the default picks functions at this size
+    assert handles[-2].function_call_ops  # the default picks functions at this size
     stacked = [n for n in _ran_matmuls(BATCHED_W, stages, 2, handles=handles) if n.startswith("batched_weight")]
-    assert not handles[-1].function_call_ops and len(stacked) == 6
+    assert not handles[-2].function_call_ops and len(stacked) == 6
     with pytest.warns(UserWarning, match="with stage_functions=True: each call computes its weight gradients itself"):
         ran = _ran_matmuls(BATCHED_W, stages, 2, handles=handles, stage_functions=True)
-    assert handles[-1].function_call_ops and not [n for n in ran if n.startswith("batched_weight")]
+    assert handles[-2].function_call_ops and not [n for n in ran if n.startswith("batched_weight")]
+
+
+def test_measured_timeline_spreads_the_stacked_w_over_the_micro_batches():
+    """The measured timeline draws each stage's stacked product as one W box; its per-micro-batch stage cost (what
+    a replay of the measured costs uses) counts M x (B + W) = every B and W box of the stage."""
+    from dapple_tf.trace import timeline
+    from planner.simulation.simulator import KIND_BACKWARD, KIND_WEIGHT
+
+    m, handles = 4, []
+    _ran_matmuls(BATCHED_W, [(0, 1, [cpu(0)]), (2, 4, [cpu(1)])], m, handles=handles)
+    handle, meta = handles
+    measured = timeline.measured_timeline(meta, handle)
+    for stage in (0, 1):
+        boxes = [e for e in measured.events if e.stage == stage and e.kind in (KIND_BACKWARD, KIND_WEIGHT)]
+        last_w = [e for e in boxes if e.kind == KIND_WEIGHT and e.micro_batch == m - 1]
+        assert last_w and max(e.end_ms for e in boxes) == last_w[-1].end_ms  # the stacked W ends the stage's work
+        assert m * measured.stages[stage].backward_ms == pytest.approx(sum(e.duration_ms for e in boxes))

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from dapple_tf.rewrite.replicas import canonical_device
 from planner.simulation import gantt as gantt_lib, trace as trace_lib
-from planner.formats.schedule import FORWARD, WEIGHT
+from planner.formats.schedule import BATCHED_W, FORWARD, WEIGHT
 from planner.simulation.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER,
                                           KIND_SEND_ACTIVATION, KIND_SEND_GRADIENT, KIND_WEIGHT, Event,
                                           SimulationResult, StageCost, lane_name)
@@ -208,10 +208,16 @@ def _stage_costs(handle, events: Sequence[Event], device_ids) -> Tuple[StageCost
 
     lane = handle.schedule.lane_of
 
-    def backward_input(s):  # the B part where the backward is split, else None (all of it)
-        return mean(KIND_BACKWARD, s) if mean(KIND_WEIGHT, s) > 0 else None
+    def weight(s):  # per micro-batch; dapple-batched-w's one stacked W box (and the W left in B) spread over all M
+        if handle.schedule.kind != BATCHED_W:
+            return mean(KIND_WEIGHT, s)
+        total = sum(e.duration_ms for e in events if e.kind == KIND_WEIGHT and e.stage == s)
+        return total / handle.schedule.num_micro_batches
 
-    return tuple(StageCost(mean(KIND_FORWARD, s), mean(KIND_BACKWARD, s) + mean(KIND_WEIGHT, s), devices=device_ids[s],
+    def backward_input(s):  # the B part where the backward is split, else None (all of it)
+        return mean(KIND_BACKWARD, s) if weight(s) > 0 else None
+
+    return tuple(StageCost(mean(KIND_FORWARD, s), mean(KIND_BACKWARD, s) + weight(s), devices=device_ids[s],
                            backward_input_ms=backward_input(s),
                            forward_transfer_ms=mean(KIND_SEND_ACTIVATION, s, f"link{lane(s)}>{lane(s + 1)}"),
                            backward_transfer_ms=mean(KIND_SEND_GRADIENT, s + 1, f"link{lane(s + 1)}>{lane(s)}"),
