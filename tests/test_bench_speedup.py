@@ -31,7 +31,7 @@ def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
     out, traces = tmp_path / "rows.json", tmp_path / "traces"
     result = run_program(
         "bench.speedup", "--model=mlp", "--model_flags=input_dim=32,hidden=64:64:64:64,num_classes=4",
-        "--global_batch_size=32", "--num_workers=2", "--micro_batches=1,4", "--steps=2",
+        "--global_batch_size=32", "--num_workers=2", "--micro_batches=1,4", "--steps=2", "--rounds=2",
         "--plans=single,dp2,straight2-M4,gpipe2-M4,planner", f"--json={out}", f"--trace_dir={traces}",
         f"--profile_dir={tmp_path / 'profiles'}", timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -41,6 +41,7 @@ def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
         for key in ("measured_ms", "simulated_ms", "speedup", "ideal_speedup"):
             assert row[key] > 0, (key, row)
         assert len(row["peak_bytes"]) == 2
+        assert len(row["rounds_ms"]) == 2 and row["measured_ms"] == pytest.approx(sum(row["rounds_ms"]) / 2)
     assert rows["single"]["speedup"] == 1.0 and rows["single"]["ideal_speedup"] == 1.0
     assert rows["dp2"]["ideal_speedup"] == 2.0
     assert rows["straight2-M4"]["ideal_speedup"] == pytest.approx(2 * 4 / 5)

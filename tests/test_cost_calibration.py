@@ -58,6 +58,26 @@ def test_a_later_stage_sends_its_input_gradients_before_its_weight_gradients():
     assert result.iteration_ms < unsplit.iteration_ms
 
 
+def test_a_fused_backward_sends_its_input_gradients_when_it_ends():
+    """PipelineOptions(input_gradients_first=False): the bench's -fused plans, simulated without the B/W split."""
+    cluster, model = local_task_cluster(2, 1), ModelProfile.from_proto(_profile(backward_input=0.5))
+    plans = {p.name: p for p in speedup_plans.bench_plans(model, cluster, 8, 2, [2], interleaved=False,
+                                                          batched_w=False)}
+    fused, split = plans["straight2-M2-fused"], plans["straight2-M2"]
+    assert not fused.input_gradients_first and split.input_gradients_first
+    assert "backward in TF's order" in speedup_plans.describe(fused)
+    result = speedup_plans.simulate(fused, model)
+    assert not [e for e in result.events if e.kind == KIND_WEIGHT]
+    b = {e.micro_batch: e for e in result.events if e.kind == KIND_BACKWARD and e.stage == 1}
+    sends = {e.micro_batch: e for e in result.events if e.kind == KIND_SEND_GRADIENT}
+    assert b[0].duration_ms == pytest.approx(2.0 + cm.PASS_OVERHEAD_MS)  # 2 layers x 2 ms x 4/8, B and W
+    assert sends[0].start_ms == pytest.approx(b[0].end_ms)
+    assert result.iteration_ms > speedup_plans.simulate(split, model).iteration_ms
+    zb = plans["straight2-M2-zb-h1"]
+    with pytest.raises(ValueError, match="schedule 'zb-h1' splits every backward.*input_gradients_first=False"):
+        speedup_plans.simulate(speedup_plans.BenchPlan("zb", zb.proto, input_gradients_first=False), model)
+
+
 def test_batched_weight_gradients_run_after_each_stages_last_backward():
     """dapple-batched-w: every stage, the first too, runs B (its input gradients: layer 1's on stage 0, layer 0
     has none) per micro-batch and all its W at the end; W lasts what the slice's profile says (the
@@ -124,6 +144,28 @@ def test_each_plan_is_costed_by_the_profile_measured_nearest_to_its_slices():
     assert chosen.estimated_iteration_ms < dp_by_slices.proto.estimated_iteration_ms
     with pytest.raises(api.PlanningError, match="needs at least one profile"):
         api.plan_from_profiles({}, cluster, 8)
+
+
+@pytest.mark.filterwarnings("ignore::planner.planning.api.MemoryLowerBoundWarning")
+def test_plans_from_profiles_selected_by_simulation_are_the_fastest_simulated():
+    """select="simulation": no plan the bench measures simulates faster than the one chosen, each costed by the
+    profile nearest to its slices (the bench's planner row)."""
+    cluster = local_task_cluster(2, 1)
+    cluster.allreduce_bandwidth = 2e8  # a slow AllReduce: data parallelism costs, pipelines compete
+    profiles = {size: ModelProfile.from_proto(_profile(batch_size=size, backward_input=0.5, step_ms=14.0 * size / 8
+                                                       + (2.0 if size < 8 else 0.0)))
+                for size in (1, 2, 4, 8)}
+    chosen = speedup_plans.planner_plan(profiles, cluster, 8)
+    chosen_ms = speedup_plans.simulate(chosen, profiles[api.nearest_profile_size(
+        profiles, api.largest_slice_of(chosen.proto))]).iteration_ms
+    assert chosen.proto.simulated_iteration_ms == 0 or chosen.proto.simulated_iteration_ms == pytest.approx(chosen_ms)
+    others = speedup_plans.bench_plans(profiles[8], cluster, 8, 2, [1, 2, 4, 8], zero_bubble=False, batched_w=False,
+                                       interleaved=False)
+    for plan in others:
+        profile = profiles[api.nearest_profile_size(profiles, api.largest_slice_of(plan.proto))]
+        assert chosen_ms <= speedup_plans.simulate(plan, profile).iteration_ms + 1e-6, plan.name
+    by_latency = api.plan_from_profiles(profiles, cluster, 8)
+    assert by_latency.estimated_iteration_ms <= chosen.proto.estimated_iteration_ms + 1e-9
 
 
 def test_devices_that_slow_each_other_cost_more_when_several_compute():

@@ -1,4 +1,5 @@
-"""Gradient exchange across processes (collectives.exchange_sum) and the B/W order inside backward tasks."""
+"""Gradient exchange across processes (collectives.exchange_sum) and the B/W order inside backward tasks (input
+gradients first, or TensorFlow's own order)."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ import dapple_tf
 from dapple_tf.rewrite import collectives
 from planner.formats.schedule import BACKWARD, Task
 from tests import toy_models
-from tests.pipeline_harness import SESSION_CONFIG, cpu
+from tests.pipeline_harness import SESSION_CONFIG, assert_close_dicts, cpu, train_pipelined, train_single
 
 SHAPES = [(3, 5), (700, 600), (7,), (2000, 300), (1,), (4, 4, 4), ()]  # small, large, small, large, ..., a scalar
 
@@ -81,6 +82,45 @@ def test_weight_gradients_wait_for_the_input_gradients_of_a_later_stage(stage_fu
                     assert _depends_on(op, marker), op.name
                 for name in handle.input_gradient_op_names[key]:
                     assert not _depends_on(graph.get_operation_by_name(name), marker), name
+
+
+def test_a_backward_in_tensorflows_own_order_trains_like_one_device():
+    """PipelineOptions(input_gradients_first=False), the baseline of the zero-bubble schedules: no backward task
+    gets the input-gradient marker, and training is unchanged (gradients, weights after 3 steps)."""
+    x, y = toy_models.batch(16)
+    model_fn = toy_models.skip_model_fn(toy_models.initial_values())
+    optimizer = lambda: tf.compat.v1.train.AdamOptimizer(0.05)  # noqa: E731
+    want_grads, want_weights, _ = train_single(model_fn, x, y, optimizer, 3)
+    plan = dapple_tf.Plan.from_stages([(0, 1, [cpu(0)]), (2, 2, [cpu(1)]), (3, 4, [cpu(2)])], num_micro_batches=4)
+    grads, weights, _, handle, _ = train_pipelined(model_fn, x, y, optimizer, plan, "dapple", 3,
+                                                   stage_functions=False, input_gradients_first=False)
+    assert_close_dicts(want_grads, grads)
+    assert_close_dicts(want_weights, weights)
+    assert not handle.input_gradient_op_names
+    assert not [n for names in handle.task_op_names.values() for n in names if n.startswith("input_grads_")]
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "dapple-batched-w"])
+def test_a_schedule_that_splits_backwards_refuses_the_fused_order(schedule):
+    plan = dapple_tf.Plan.from_stages([(0, 2, [cpu(0)]), (3, 4, [cpu(1)])], num_micro_batches=2)
+    x, y = toy_models.batch(8)
+    with tf.Graph().as_default():
+        with pytest.raises(dapple_tf.PlanError, match=f"schedule '{schedule}' splits every backward into input and "
+                                                      "weight gradients: input_gradients_first=False applies to"):
+            dapple_tf.build_pipeline(toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x),
+                                     tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                     dapple_tf.PipelineOptions(schedule=schedule, input_gradients_first=False))
+
+
+def test_stage_functions_warn_that_their_backward_stays_split():
+    plan = dapple_tf.Plan.from_stages([(0, 2, [cpu(0)]), (3, 4, [cpu(1)])], num_micro_batches=2)
+    x, y = toy_models.batch(8)
+    with tf.Graph().as_default():
+        with pytest.warns(UserWarning, match="input_gradients_first=False with stage functions: each backward is "
+                                             "still a B call"):
+            dapple_tf.build_pipeline(toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x),
+                                     tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                     dapple_tf.PipelineOptions(stage_functions=True, input_gradients_first=False))
 
 
 def _depends_on(op, target, seen=None):

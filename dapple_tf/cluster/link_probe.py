@@ -95,10 +95,11 @@ def measure_allreduce(target: str, config, devices, nbytes: int = 16 * 2**20, re
     return 2.0 * (n - 1) / n * nbytes / max(elapsed - base, 1e-9)
 
 
-def measure_concurrent_slowdown(target: str, config, devices, make_step, repeats: int = 5) -> float:
+def measure_concurrent_slowdown(target: str, config, devices, make_step, repeats: int = 7) -> float:
     """How much slower a device computes while every device computes (Cluster.concurrent_compute_slowdown):
-    the median time of one step on every device at once over that of the same step on the first device
-    alone, at least 1. `make_step()` builds one step's operations under the current device scope."""
+    the median, over `repeats` back-to-back pairs, of one step on every device at once over the same step on
+    the first device alone (pairs, so that a machine whose speed drifts slows both sides alike), at least 1.
+    `make_step()` builds one step's operations under the current device scope."""
     with tf.Graph().as_default():
         steps = []
         for i, device in enumerate(devices):
@@ -109,9 +110,8 @@ def measure_concurrent_slowdown(target: str, config, devices, make_step, repeats
             everywhere = [op for ops in steps for op in ops]
             sess.run(everywhere)
             sess.run(steps[0])
-            alone = statistics.median(_timed(sess, steps[0]) for _ in range(repeats))
-            together = statistics.median(_timed(sess, everywhere) for _ in range(repeats))
-    return max(1.0, together / alone)
+            ratios = [_timed(sess, everywhere) / _timed(sess, steps[0]) for _ in range(repeats)]
+    return max(1.0, statistics.median(ratios))
 
 
 def measure_link(target: str, config, device_a: str, device_b: str, round_trips: int = 8,

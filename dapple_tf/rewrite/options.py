@@ -34,6 +34,11 @@ class PipelineOptions:
         clones would hold more than stage_function.AUTO_CLONED_OPS operations.
     cross_process_reduce: sums gradients across processes after the in-process AllReduce
         (gradients.reduce_and_pair; dapple_tf.frontends.horovod passes it).
+    input_gradients_first: inside each backward task of schedules dapple, gpipe and interleaved, the
+        operations the previous stage waits for run before those only the weight gradients need
+        (tasks.input_gradients_first). False leaves each backward in TensorFlow's own order, as DAPPLE's
+        runtime did: the baseline the zero-bubble schedules are measured against (stages cloned per
+        micro-batch only: a stage function's backward is a B call, then a W call).
     """
 
     schedule: Optional[str] = None
@@ -42,6 +47,7 @@ class PipelineOptions:
     allreduce_bucket_bytes: Optional[int] = None
     stage_functions: Optional[bool] = None
     cross_process_reduce: Optional[Callable] = None
+    input_gradients_first: bool = True
 
     def __post_init__(self):
         if self.batch_norm not in BATCH_NORM_MODES:

@@ -139,7 +139,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     sync = options.batch_norm == batch_norm_lib.SYNC
     updates = batch_norm_lib.prepare(template, created, layout, sync)
     builder = StageBuilder(graph, template, layout, copies, trainable, sync_keys=keys if sync else None,
-                           stage_functions=options.stage_functions, sync_statistics=updates.synchronized)
+                           stage_functions=options.stage_functions, sync_statistics=updates.synchronized,
+                           input_gradients_first=options.input_gradients_first)
     builder.build_forward()
     builder.build_backward()
     builder.chain()

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from dapple_tf.rewrite import (collectives, graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib,
                                recompute as recompute_lib, stage_function, sync_batch_norm, tasks)
-from dapple_tf.errors import DappleError
+from dapple_tf.errors import DappleError, PlanError
 from dapple_tf.rewrite.gradients import GradientAccumulator
 from dapple_tf.rewrite.layout import PipelineLayout
 from dapple_tf.rewrite import weight_batching
@@ -85,13 +85,18 @@ class StageBuilder:
         sync_keys: collectives.CollectiveKeys = None,
         stage_functions: bool = None,
         sync_statistics: Sequence[Dict[str, object]] = None,
+        input_gradients_first: bool = True,
     ):
         """layout: the stages' slices, M, the schedule and which stages recompute;
         sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys;
         sync_statistics: per stage, the batch statistics to synchronize (batch_norm.prepare's `synchronized`;
         None: every training-mode fused norm).
         stage_functions: build stages as functions (stage_function.py) where they can be: True, False, or None
-        (when the clones would be large)."""
+        (when the clones would be large).
+        input_gradients_first: each backward task runs its input gradients first (PipelineOptions)."""
+        if not input_gradients_first and (layout.schedule.splits_backward or layout.schedule.kind == BATCHED_W):
+            raise PlanError(f"schedule {layout.schedule.kind!r} splits every backward into input and weight "
+                            "gradients: input_gradients_first=False applies to schedules dapple, gpipe and interleaved")
         self.graph = graph
         self.template = template
         self.layout = layout
@@ -112,6 +117,7 @@ class StageBuilder:
         self._keys_per_clone_group = [0] * len(template.stages)  # instance keys of a stage's synced batch norms
         self._gradient_split: Dict[Tuple[int, int, int], tuple] = {}  # backward task -> (input, weight grads, device)
         self._stage_functions = stage_functions
+        self._input_gradients_first = input_gradients_first
         self._functions: Dict[int, stage_function.StageFunctions] = {}
         self.function_fallbacks: Dict[int, str] = {}  # stage -> why it is imported per clone
 
@@ -412,8 +418,12 @@ class StageBuilder:
         """stage_function.use_functions, except that schedule dapple-batched-w stacks weight gradients of clones
         only: by default its stages are cloned; asked for functions, it warns that they are not stacked."""
         if self.layout.schedule.kind != BATCHED_W:
-            return stage_function.use_functions(self._stage_functions, self.template.stages,
-                                                self.layout.num_micro_batches)
+            functions = stage_function.use_functions(self._stage_functions, self.template.stages,
+                                                     self.layout.num_micro_batches)
+            if functions and not self._input_gradients_first:
+                warnings.warn("input_gradients_first=False with stage functions: each backward is still a B call "
+                              "(input gradients) then a W call", UserWarning, stacklevel=4)
+            return functions
         if self._stage_functions:
             warnings.warn(f"schedule {BATCHED_W!r} with stage_functions=True: each call computes its weight gradients "
                           "itself, so they are not stacked over the micro-batches (stages cloned per micro-batch "
@@ -428,7 +438,7 @@ class StageBuilder:
             for key in [key for key in self.task_ops.ops if key[0].kind == BACKWARD]:
                 input_grads = self._gradient_split.get((key[0].stage, key[0].micro_batch, key[1]), ((),))[0]
                 self.task_ops.split_weight_task(key, input_grads)
-        else:
+        elif self._input_gradients_first:
             for (s, m, j), (input_grads, weight_grads, device) in self._gradient_split.items():
                 self.task_ops.input_gradients_first((Task(s, BACKWARD, m), j), input_grads, weight_grads, device)
             if schedule.kind == BATCHED_W:  # W: the weight gradients stacked over all micro-batches

@@ -89,7 +89,7 @@ class TaskOps:
 
     def names(self, ops_of: Dict[TaskKey, List[tf.Operation]] = None) -> Dict[TaskKey, Tuple[str, ...]]:
         """Names of each task's operations (or of `ops_of`'s)."""
-        return {key: tuple(op.name for op in ops) for key, ops in (ops_of or self.ops).items()}
+        return {key: tuple(op.name for op in ops) for key, ops in (self.ops if ops_of is None else ops_of).items()}
 
 
 def _entry_ops(ops: Sequence[tf.Operation]) -> List[tf.Operation]:

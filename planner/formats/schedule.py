@@ -51,6 +51,7 @@ where stages share devices (interleaved), the devices run their group's merged o
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Sequence, Tuple
 
 from planner.formats import interleaved, zero_bubble
@@ -149,7 +150,7 @@ class Schedule:
     def lane_stages(self, lane: int) -> Tuple[int, ...]:
         return tuple(range(lane, self.num_stages, self.num_lanes))
 
-    @property
+    @functools.cached_property
     def splits_backward(self) -> bool:
         """True when backwards are B (input gradients) and W (weight gradients) tasks of their own."""
         return any(task.kind == WEIGHT for tasks in self.stage_tasks for task in tasks)

@@ -343,13 +343,15 @@ def plan_from_profiles(profiles, cluster, global_batch_size: int, **options) -> 
     (DAPPLE's and the baselines) runs with the profile measured nearest to each slice size that size can give
     (micro-batch / replicas); each plan found is then costed (formula 2) with the profile nearest to its own
     largest slice; the lowest cost that fits in memory wins (its `planner` field names the planner that found
-    it). Selection is by formula 2 (L), whatever `select` says."""
+    it). Cost: formula 2 (L); with select="simulation", the simulated iteration time of each plan found (by the
+    same profile; ties: lower L)."""
     if not profiles:
         raise PlanningError("plan_from_profiles needs at least one profile")
     sizes = micro_batch_sizes(global_batch_size, options.pop("micro_batch_sizes", None))
     devices = cluster.num_servers * cluster.devices_per_server
     opts = _options(options)
-    best, best_ms, errors = None, float("inf"), []
+    options.pop("select", None)  # the planners search by L; the plans they find are then ranked by `opts.select`
+    best, best_key, errors = None, (float("inf"),), []
     for mbs in sizes:
         tried = {nearest_profile_size(profiles, -(-mbs // r)) for r in range(1, min(devices, mbs) + 1)}
         for size in sorted(tried):
@@ -363,9 +365,14 @@ def plan_from_profiles(profiles, cluster, global_batch_size: int, **options) -> 
                 recosted, model = _costed_by_its_slice(candidate, profiles, cluster, global_batch_size, opts)
                 if recosted.violation:  # fits under one profile, not under the one of its slices
                     errors.append(f"micro-batch {mbs}, {name}: {recosted.violation}")
-                elif recosted.latency < best_ms:
-                    best = to_plan(recosted, model, cluster, global_batch_size, candidate.planner)
-                    best_ms = recosted.latency
+                    continue
+                proto = to_plan(recosted, model, cluster, global_batch_size, candidate.planner)
+                proto.schedule = candidate.schedule  # e.g. zero bubble or interleaved, as plan_all chose
+                key = (recosted.latency,)
+                if opts.select == "simulation":
+                    key = (simulate_plan(proto, model, link_contention=opts.link_contention).iteration_ms,) + key
+                if key < best_key:
+                    best, best_key = proto, key
     if best is None:
         raise PlanningError("no plan at any micro-batch size: " + "; ".join(errors))
     return best

@@ -61,6 +61,7 @@ class _CostOptions:
     optimizer_bandwidth: Optional[float]
     link_contention: bool
     first_stage_splits: bool = False  # the first stage's backward is B and W too (dapple-batched-w)
+    input_gradients_first: bool = True  # False: no backward sends its input gradients before its weight gradients
 
 
 def _layer_ranges(plan: plan_pb2.Plan, model: ModelProfile) -> List[Tuple[int, int]]:
@@ -130,6 +131,8 @@ class _PlanCoster:
             bwd -= fwd - overhead_ms
         backward_input = cm.stage_backward_input_ms(prefix, first, end, mbs, r, overhead_ms,
                                                     self.options.first_stage_splits)
+        if not self.options.input_gradients_first:
+            backward_input = None
         backward_input = None if backward_input is None else scale * backward_input
         return fwd, bwd, backward_input
 
@@ -171,10 +174,12 @@ def stage_costs(
     optimizer_bandwidth: Optional[float] = V100_MEMORY_BANDWIDTH,
     link_contention: bool = False,
     first_stage_splits: bool = False,
+    input_gradients_first: bool = True,
 ) -> List[StageCost]:
     """Per-stage costs of `plan` (cluster defaults to the plan's own); `link_contention` as in
     cost_model.transfer_ms (the planner's Options.link_contention); `first_stage_splits`: the first stage's
-    input gradients come before its weight gradients too (the runtime's dapple-batched-w)."""
+    input gradients come before its weight gradients too (the runtime's dapple-batched-w);
+    `input_gradients_first=False`: no stage's does (the runtime's PipelineOptions(input_gradients_first=False))."""
     model = model_profile(profile)
     prefix = cm.Prefix(model)
     cluster = cluster if cluster is not None else plan.cluster
@@ -183,7 +188,7 @@ def stage_costs(
     if plan.micro_batch_size < 1:
         raise ValueError(f"the plan's micro-batch size must be >= 1, got {plan.micro_batch_size}")
     options = _CostOptions(overlap_allreduce, activation_multiplier, optimizer_multiplier, overhead_ms,
-                           optimizer_bandwidth, link_contention, first_stage_splits)
+                           optimizer_bandwidth, link_contention, first_stage_splits, input_gradients_first)
     coster = _PlanCoster(plan, model, prefix, cluster, options)
     return [coster.stage(i) for i in range(len(plan.stages))]
 
@@ -224,15 +229,21 @@ def simulate_plan(
     optimizer_bandwidth: Optional[float] = V100_MEMORY_BANDWIDTH,
     link_contention: bool = False,
     stacked_profile: Union[str, LayerCostProfile, ModelProfile, None] = None,
+    input_gradients_first: bool = True,
 ) -> SimulationResult:
     """Simulates one iteration of `plan` (see the module docstring for the cost terms). `stacked_profile`: for
     schedule dapple-batched-w, a profile measured at the stacked rows (M x the slice), which costs the W tasks:
-    the runtime computes them as one product over all micro-batches (without it, W costs what `profile` says)."""
+    the runtime computes them as one product over all micro-batches (without it, W costs what `profile` says).
+    `input_gradients_first=False`: each backward sends its input gradients when it ends, as the runtime with
+    PipelineOptions(input_gradients_first=False) (schedules dapple, gpipe and interleaved)."""
     cluster = cluster if cluster is not None else plan.cluster
     sched = plan_schedule(plan, schedule, policy, max_in_flight)
+    if not input_gradients_first and (sched.splits_backward or sched.kind == BATCHED_W):
+        raise ValueError(f"schedule {sched.kind!r} splits every backward into input and weight gradients: "
+                         "input_gradients_first=False applies to schedules dapple, gpipe and interleaved")
     options = dict(overlap_allreduce=overlap_allreduce, activation_multiplier=activation_multiplier,
                    optimizer_bandwidth=optimizer_bandwidth, link_contention=link_contention,
-                   first_stage_splits=sched.kind == BATCHED_W)
+                   first_stage_splits=sched.kind == BATCHED_W, input_gradients_first=input_gradients_first)
     costs = stage_costs(plan, profile, cluster, **options)
     if stacked_profile is not None and sched.kind == BATCHED_W:
         stacked_costs = stage_costs(without_stored_costs(plan), stacked_profile, cluster, **options)

@@ -323,11 +323,11 @@ class _OpGraph:
         self.ops[op].waiting += 1
 
     def add_lanes(self, stages: Sequence[StageCost], schedule: Schedule) -> None:
+        split_schedule = schedule.splits_backward
         for g, tasks in enumerate(schedule.lane_tasks):
             lane = []
             for task in tasks:
-                lane.extend(self._task_ops(task.stage, stages[task.stage], task, schedule.splits_backward,
-                                           lane_name(schedule, g)))
+                lane.extend(self._task_ops(task.stage, stages[task.stage], task, split_schedule, lane_name(schedule, g)))
                 self.last_task[task.stage] = lane[-1]
             self.lanes.append(lane)
             self.lane_names.append(lane_name(schedule, g))

@@ -16,6 +16,10 @@ chief. The chief
    chooses from the profiles (planner.planning.api.plan_from_profiles: DAPPLE's or a baseline's);
    for each it prints samples/s, speedup over the single worker, the ideal speedup, the simulated
    step time from the profile, measured / simulated, and the peak memory of every worker.
+   Every plan is built once in its own graph, its variables in a resource container of its own, and all
+   sessions stay open: `--rounds` rounds each run `--steps` steps of every plan in turn (the median of
+   the rounds is kept); the peak memory and the trace come from one more step of each plan alone on the
+   workers.
 `--json` writes the rows; `--trace_dir` writes each plan's measured timeline (Chrome trace) and a
 PNG with the measured timeline above the simulated one. Every process it starts is stopped when it
 ends (dapple_launch's teardown), also when a worker dies (the launcher names it).
@@ -42,7 +46,8 @@ flags.DEFINE_integer("inter_op_threads", None, "Workers' inter-op threads (defau
 flags.DEFINE_list("micro_batches", ["1", "2", "4", "8", "16"], "M of the straight pipelines.")
 flags.DEFINE_list("plans", None, "Only these plans, e.g. single,dp2,straight2-M8,gpipe2-M8,planner (default: all).")
 flags.DEFINE_boolean("gpipe", True, "Also measure every pipeline in GPipe order.")
-flags.DEFINE_boolean("zero_bubble", True, "Also measure every pipeline in the zero-bubble orders (zb-h1, zb-h2).")
+flags.DEFINE_boolean("zero_bubble", True, "Also measure every pipeline in the zero-bubble orders (zb-h1, zb-h2) and "
+                     "their baseline, DAPPLE's order with each backward in TF's order (-fused).")
 flags.DEFINE_boolean("interleaved", True, "Also measure every pipeline interleaved: each worker holding two stages "
                      "(interleaved<S>-M<m>, where S divides m).")
 flags.DEFINE_boolean("batched_w", True, "Also measure single-M<m> and every pipeline with the weight gradients of all "
@@ -53,8 +58,9 @@ flags.DEFINE_enum("stage_functions", "auto", ["auto", "true", "false"],
                   "or false (each stage imported per micro-batch).")
 flags.DEFINE_float("allreduce_bucket_mb", None, "Gradient AllReduce bucket size (default: build_pipeline's).")
 flags.DEFINE_integer("steps", 10, "Timed steps per plan (after 3 warm-up steps); the median is kept.")
-flags.DEFINE_integer("rounds", 1, "Measure the list of plans this many times in turn and keep each plan's median: "
-                     "a machine whose speed drifts over minutes then slows every plan alike.", lower_bound=1)
+flags.DEFINE_integer("rounds", 1, "Time the plans in this many rounds, each running --steps steps of every plan in "
+                     "turn (every plan's session stays open), and keep each plan's median: a machine whose speed "
+                     "drifts over seconds to minutes then slows every plan alike.", lower_bound=1)
 flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
 flags.DEFINE_string("trace_dir", None, "Write each plan's measured timeline (Chrome trace) and measured-vs-"
                     "simulated PNG here.")

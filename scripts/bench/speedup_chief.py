@@ -3,6 +3,7 @@
 Runs under dapple_launch (TF_CONFIG names the pinned workers). See bench_speedup's docstring.
 """
 
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -65,17 +66,27 @@ def stacked_profile_for(plan: speedup_plans.BenchPlan, profiles: Dict[int, str])
     return profiles[nearest_profile_size(profiles, plan.proto.num_micro_batches * largest_slice_of(plan.proto))]
 
 
-def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, steps, bucket_mb=None,
-                 stage_functions="auto"):
-    """(median step ms, peak bytes per device, RunMetadata of a traced step, handle) of one plan."""
+@dataclasses.dataclass
+class OpenPlan:
+    """A plan built in its own graph (and a session on the workers while it is timed)."""
+    plan: speedup_plans.BenchPlan
+    graph: object
+    handle: object
+    container: str
+    session: object = None
+
+
+def build_plan(spec, plan, global_batch_size, optimizer_name, container, bucket_mb=None,
+               stage_functions="auto") -> OpenPlan:
+    """Builds `plan` in a graph of its own whose variables live in the workers' resource container `container`,
+    so that several plans' sessions can stay open side by side."""
     import tensorflow as tf
 
     import dapple_tf
-    from dapple_tf.trace.step_stats import peak_bytes_per_device
-    from profiler.timing import median_run_ms
 
     runtime_plan = dapple_tf.Plan.from_proto(plan.proto)
-    with tf.Graph().as_default():
+    graph = tf.Graph()
+    with graph.as_default(), graph.container(container):
         with tf.device(runtime_plan.stages[0].devices[0]):
             features, labels = harness.synthetic_batch(spec, global_batch_size)
         optimizer = harness.optimizer(optimizer_name)
@@ -83,23 +94,69 @@ def measure_plan(spec, plan, target, config, global_batch_size, optimizer_name, 
         functions = {"auto": None, "true": True, "false": False}[stage_functions]
         handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, optimizer, runtime_plan,
                                           dapple_tf.PipelineOptions(allreduce_bucket_bytes=bucket,
-                                                                    stage_functions=functions))
-        with tf.compat.v1.Session(target, config=handle.session_config(config)) as sess:
-            sess.run(handle.initializer)
-            ms = median_run_ms(sess, handle.train_op, warmup=WARMUP_STEPS, runs=steps)
-            metadata = tf.compat.v1.RunMetadata()
-            sess.run(handle.train_op, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-                     run_metadata=metadata)
-    free_workers(target)
-    return ms, peak_bytes_per_device(metadata.step_stats), metadata, handle
+                                                                    stage_functions=functions,
+                                                                    input_gradients_first=plan.input_gradients_first))
+    return OpenPlan(plan, graph, handle, container)
 
 
-def free_workers(target: str) -> None:
-    """Drops every variable the workers hold (they outlive a session on a cluster), so that the next plan's
-    peak memory is its own."""
+def _started_session(graph, handle, target, config):
+    import tensorflow as tf
+
+    session = tf.compat.v1.Session(target, graph=graph, config=handle.session_config(config))
+    session.run(handle.initializer)
+    for _ in range(WARMUP_STEPS):
+        session.run(handle.train_op)
+    return session
+
+
+def time_in_rounds(opened: List[OpenPlan], target, config, rounds: int, steps: int) -> Dict[str, List[float]]:
+    """{plan name: median step ms of each round}: every plan's session open at once (each started and warmed up),
+    every round runs `steps` steps of each plan in turn, so that a machine whose speed drifts over seconds to
+    minutes slows every plan alike; then the sessions are closed and the workers' variables dropped."""
+    from profiler.timing import median_run_ms
+
+    for o in opened:
+        o.session = _started_session(o.graph, o.handle, target, config)
+    times = {o.plan.name: [] for o in opened}
+    for r in range(rounds):
+        for o in opened:
+            times[o.plan.name].append(median_run_ms(o.session, o.handle.train_op, warmup=1, runs=steps))
+        if rounds > 1:
+            print(f"  round {r + 1} of {rounds}: " + ", ".join(f"{name} {ms[-1]:.1f}" for name, ms in times.items()),
+                  flush=True)
+    for o in opened:
+        o.session.close()
+        o.session = None
+    free_workers(target, [o.container for o in opened])
+    return times
+
+
+def traced_step(o: OpenPlan, target, config):
+    """(peak bytes per device, RunMetadata) of one traced step of `o` alone on the workers (before any plan is
+    timed, which leaves memory the workers do not give back): a session, initialized and warmed up, then
+    every variable dropped."""
+    import tensorflow as tf
+
+    from dapple_tf.trace.step_stats import peak_bytes_per_device
+
+    session = _started_session(o.graph, o.handle, target, config)
+    metadata = tf.compat.v1.RunMetadata()
+    session.run(o.handle.train_op, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                run_metadata=metadata)
+    session.close()
+    free_workers(target, [o.container])
+    return peak_bytes_per_device(metadata.step_stats), metadata
+
+
+def free_workers(target: str, containers=None) -> None:
+    """Drops the variables the workers hold in the default resource container and in `containers` (variables
+    outlive a session on a cluster; a reset without names clears the default container only), so that the next
+    plan's peak memory is its own."""
     import tensorflow as tf
 
     tf.compat.v1.Session.reset(target)
+    if containers:
+        tf.compat.v1.Session.reset(target, list(containers))
 
 
 def model_step(spec, batch_size):
@@ -129,7 +186,7 @@ HEADER = (f"{'plan':16s} {'samples/s':>10s} {'ms':>8s} {'speedup':>8s} {'ideal':
 
 
 def rounds_text(rounds: int) -> str:
-    return f", median of {rounds} rounds (every plan measured once per round, in turn)" if rounds > 1 else ""
+    return f", median of {rounds} rounds (every plan's session open; each round runs every plan in turn)" if rounds > 1 else ""
 
 
 def row_text(row) -> str:
@@ -184,14 +241,17 @@ def run(flags_, model_args) -> int:
     plans = selected(plans, flags_.plans)
     print(f"{flags_.model} ({model_flags}), global batch {batch}, {n} workers x {flags_.cores_per_worker} core(s), "
           f"{flags_.optimizer}; median of {flags_.steps} steps{rounds_text(flags_.rounds)}; setup {time.time() - start:.0f} s", flush=True)
-    rows, single_ms, rounds = [], None, {plan.name: [] for plan in plans}
-    for plan in [plan for _ in range(flags_.rounds - 1) for plan in plans] + plans:
-        ms, peaks, metadata, handle = measure_plan(spec, plan, cluster.target, session, batch, flags_.optimizer,
-                                                   flags_.steps, flags_.allreduce_bucket_mb, flags_.stage_functions)
-        rounds[plan.name].append(ms)
-        if len(rounds[plan.name]) < flags_.rounds:
-            print(f"  round {len(rounds[plan.name])} of {flags_.rounds}: {plan.name} {ms:.1f} ms", flush=True)
-            continue
+    opened, traced = [], {}
+    for i, plan in enumerate(plans):
+        opened.append(build_plan(spec, plan, batch, flags_.optimizer, f"bench_plan_{i}", flags_.allreduce_bucket_mb,
+                                 flags_.stage_functions))
+        traced[plan.name] = traced_step(opened[-1], cluster.target, session)
+        print(f"  built and traced {plan.name} ({i + 1} of {len(plans)})", flush=True)
+    rounds = time_in_rounds(opened, cluster.target, session, flags_.rounds, flags_.steps)
+    rows, single_ms = [], None
+    for o in opened:
+        plan, handle = o.plan, o.handle
+        peaks, metadata = traced[plan.name]
         ms = statistics.median(rounds[plan.name])
         single_ms = single_ms or (ms if plan.name == "single" else None)
         profile = profile_for(plan, profiles)

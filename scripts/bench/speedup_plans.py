@@ -7,12 +7,14 @@ plays the same stages, micro-batches and schedule.
 Names: `single` (one worker, M=1), `dp<N>` (one stage on N workers), `straight<S>-M<m>` (S stages,
 one worker each, DAPPLE order), `gpipe<S>-M<m>` (the same in GPipe order), `straight<S>-M<m>-zb-h1` and
 `straight<S>-M<m>-zb-h2` (the same in the zero-bubble orders: planner/formats/zero_bubble.py),
+`straight<S>-M<m>-fused` (DAPPLE's order with each backward in TensorFlow's own order, as DAPPLE's runtime did:
+PipelineOptions(input_gradients_first=False), the baseline of the zero-bubble paper),
 `single-M<m>-batched-w` and `straight<S>-M<m>-batched-w` (DAPPLE's order with the weight gradients of all
 micro-batches stacked at the end: schedule "dapple-batched-w"),
 `interleaved<S>-M<m>` (S workers holding two stages each, the model cut into 2S stages: the planner's
 interleaved variant, planner/planning/interleave.py), `planner` (the fastest plan by the
-planner's cost model, DAPPLE's or a baseline's, each micro-batch size costed by the profile measured nearest
-to its slices: planner.planning.api.plan_from_profiles).
+planner's simulation, DAPPLE's or a baseline's, each micro-batch size costed by the profile measured nearest
+to its slices: planner.planning.api.plan_from_profiles with select="simulation").
 """
 
 import dataclasses
@@ -30,6 +32,7 @@ from planner.simulation.sim_adapter import model_profile, simulate_plan, without
 class BenchPlan:
     name: str
     proto: plan_pb2.Plan
+    input_gradients_first: bool = True  # PipelineOptions' field of the same name
 
     @property
     def num_stages(self) -> int:
@@ -76,7 +79,7 @@ def balanced_cuts(costs: Sequence[float], num_stages: int) -> List[Tuple[int, in
 
 def make_plan(name: str, profile, cluster: plan_pb2.Cluster, global_batch_size: int,
               stages: Sequence[Tuple[int, int, Sequence[int]]], num_micro_batches: int,
-              schedule: str = "dapple") -> BenchPlan:
+              schedule: str = "dapple", input_gradients_first: bool = True) -> BenchPlan:
     """A plan of `stages` [(first, end, device ids)], costed and filled in by the planner's evaluation."""
     model = model_profile(profile)
     if global_batch_size % num_micro_batches:
@@ -88,14 +91,14 @@ def make_plan(name: str, profile, cluster: plan_pb2.Cluster, global_batch_size: 
                    mbs, Options(), schedule="gpipe" if schedule == "gpipe" else "dapple")
     proto = to_plan(est, model, cluster, global_batch_size, "manual")
     proto.schedule = schedule_enum(schedule)
-    return BenchPlan(name, proto)
+    return BenchPlan(name, proto, input_gradients_first)
 
 
 def bench_plans(profile, cluster: plan_pb2.Cluster, global_batch_size: int, num_workers: int,
                 micro_batches: Sequence[int], gpipe: bool = True, zero_bubble: bool = True,
                 interleaved: bool = True, batched_w: bool = True) -> List[BenchPlan]:
-    """single, dp<N>, straight<S>-M<m> for S in 2..N and every m (gpipe<S>-M<m>, straight<S>-M<m>-zb-h1 and
-    -zb-h2 too, m > 1; interleaved<S>-M<m> where S divides m; -batched-w variants of single-M<m> and
+    """single, dp<N>, straight<S>-M<m> for S in 2..N and every m (gpipe<S>-M<m>, straight<S>-M<m>-zb-h1,
+    -zb-h2 and their baseline -fused too, m > 1; interleaved<S>-M<m> where S divides m; -batched-w variants of single-M<m> and
     straight<S>-M<m>, m > 1)."""
     model = model_profile(profile)
     n = model.num_layers
@@ -117,6 +120,9 @@ def bench_plans(profile, cluster: plan_pb2.Cluster, global_batch_size: int, num_
             plans.append(make_plan(f"straight{s}-M{m}", model, cluster, global_batch_size, stages, m))
             if gpipe and m > 1:
                 plans.append(make_plan(f"gpipe{s}-M{m}", model, cluster, global_batch_size, stages, m, "gpipe"))
+            if zero_bubble and m > 1:
+                plans.append(make_plan(f"straight{s}-M{m}-fused", model, cluster, global_batch_size, stages, m,
+                                       input_gradients_first=False))
             for kind in ("zb-h1", "zb-h2") if zero_bubble and m > 1 else ():
                 plans.append(make_plan(f"straight{s}-M{m}-{kind}", model, cluster, global_batch_size, stages, m, kind))
             if batched_w and m > 1:
@@ -129,20 +135,24 @@ def bench_plans(profile, cluster: plan_pb2.Cluster, global_batch_size: int, num_
 
 
 def planner_plan(profiles: Dict[int, object], cluster: plan_pb2.Cluster, global_batch_size: int) -> BenchPlan:
-    """The planner's choice on the cluster (planner.planning.api.plan_from_profiles; {batch size: profile})."""
+    """The planner's choice on the cluster (planner.planning.api.plan_from_profiles; {batch size: profile}),
+    selected by simulation: the plans every planner finds ranked by their simulated step, the figure this
+    benchmark checks against the measured one (formula 2 misses what the simulator models: input gradients
+    first, the workers' shared cores)."""
     models = {size: model_profile(p) for size, p in profiles.items()}
-    return BenchPlan("planner", api.plan_from_profiles(models, cluster, global_batch_size))
+    return BenchPlan("planner", api.plan_from_profiles(models, cluster, global_batch_size, select="simulation"))
 
 
 def simulate(plan: BenchPlan, profile, optimizer_bandwidth: Optional[float] = None, stacked_profile=None):
     """The simulator's result for the plan (its own schedule), every cost from the profile (a batched-w plan's
     W from `stacked_profile`, measured at its stacked rows, if given)."""
     return simulate_plan(without_stored_costs(plan.proto), profile, optimizer_bandwidth=optimizer_bandwidth,
-                         stacked_profile=stacked_profile)
+                         stacked_profile=stacked_profile, input_gradients_first=plan.input_gradients_first)
 
 
 def describe(plan: BenchPlan) -> str:
     """e.g. '0-3@[0] 4-8@[1], M=8, dapple'."""
     stages = " ".join(f"{st.first_layer}-{st.last_layer}@{list(st.device_ids)}" for st in plan.proto.stages)
     kind = schedule_kind(plan.proto.schedule) or "dapple"
-    return f"{stages}, M={plan.proto.num_micro_batches}, {kind}"
+    fused = "" if plan.input_gradients_first else ", backward in TF's order"
+    return f"{stages}, M={plan.proto.num_micro_batches}, {kind}{fused}"
