@@ -158,14 +158,15 @@ def test_plans_from_profiles_selected_by_simulation_are_the_fastest_simulated():
     chosen = speedup_plans.planner_plan(profiles, cluster, 8)
     chosen_ms = speedup_plans.simulate(chosen, profiles[api.nearest_profile_size(
         profiles, api.largest_slice_of(chosen.proto))]).iteration_ms
-    assert chosen.proto.simulated_iteration_ms == 0 or chosen.proto.simulated_iteration_ms == pytest.approx(chosen_ms)
     others = speedup_plans.bench_plans(profiles[8], cluster, 8, 2, [1, 2, 4, 8], zero_bubble=False, batched_w=False,
                                        interleaved=False)
     for plan in others:
         profile = profiles[api.nearest_profile_size(profiles, api.largest_slice_of(plan.proto))]
         assert chosen_ms <= speedup_plans.simulate(plan, profile).iteration_ms + 1e-6, plan.name
-    by_latency = api.plan_from_profiles(profiles, cluster, 8)
+    by_latency = api.plan_from_profiles(profiles, cluster, 8)  # formula 2 picks an interleaved plan here
     assert by_latency.estimated_iteration_ms <= chosen.proto.estimated_iteration_ms + 1e-9
+    latency_profile = profiles[api.nearest_profile_size(profiles, api.largest_slice_of(by_latency))]
+    assert speedup_plans.simulate(speedup_plans.BenchPlan("l", by_latency), latency_profile).iteration_ms > chosen_ms
 
 
 def test_devices_that_slow_each_other_cost_more_when_several_compute():

@@ -132,9 +132,8 @@ def time_in_rounds(opened: List[OpenPlan], target, config, rounds: int, steps: i
 
 
 def traced_step(o: OpenPlan, target, config):
-    """(peak bytes per device, RunMetadata) of one traced step of `o` alone on the workers (before any plan is
-    timed, which leaves memory the workers do not give back): a session, initialized and warmed up, then
-    every variable dropped."""
+    """(peak bytes per device, RunMetadata) of one traced step of `o` alone on the workers: a session,
+    initialized and warmed up, then its variables dropped."""
     import tensorflow as tf
 
     from dapple_tf.trace.step_stats import peak_bytes_per_device
