@@ -43,6 +43,9 @@ def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
         assert len(row["peak_bytes"]) == 2
         assert len(row["rounds_ms"]) == 2 and row["measured_ms"] == pytest.approx(sum(row["rounds_ms"]) / 2)
     assert rows["single"]["speedup"] == 1.0 and rows["single"]["ideal_speedup"] == 1.0
+    assert rows["single"]["simulated_speedup"] == pytest.approx(1.0)
+    assert rows["dp2"]["speedup_after_compute"] <= 2.0 / rows["dp2"]["slice_slowdown"] + 1e-9
+    assert "Where the speedup goes" in result.stdout and "  dp2  " in result.stdout
     assert rows["dp2"]["ideal_speedup"] == 2.0
     assert rows["straight2-M4"]["ideal_speedup"] == pytest.approx(2 * 4 / 5)
     assert rows["single"]["peak_bytes"][1] == 0  # worker 1 runs nothing of the single-worker plan

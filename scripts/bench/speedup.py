@@ -20,6 +20,9 @@ chief. The chief
    sessions stay open: `--rounds` rounds each run `--steps` steps of every plan in turn (the median of
    the rounds is kept); the peak memory and the trace come from one more step of each plan alone on the
    workers.
+4. says, one line per plan, where its speedup goes (scripts/bench/speedup_budget.py): the ideal, the
+   slices' per-sample cost over the whole batch's and the workers' shared machine (what is left after
+   compute), then transfers and AllReduce down to the simulated speedup, and the measured one beside it.
 `--json` writes the rows; `--trace_dir` writes each plan's measured timeline (Chrome trace) and a
 PNG with the measured timeline above the simulated one. Every process it starts is stopped when it
 ends (dapple_launch's teardown), also when a worker dies (the launcher names it).

@@ -12,7 +12,7 @@ import time
 import zlib
 from typing import Dict, List
 
-from scripts.bench import harness, speedup_plans
+from scripts.bench import harness, speedup_budget, speedup_plans
 
 WARMUP_STEPS = 3
 
@@ -180,8 +180,20 @@ def planner_cluster(num_workers: int, link, allreduce_bandwidth: float, slowdown
     return cluster
 
 
-HEADER = (f"{'plan':16s} {'samples/s':>10s} {'ms':>8s} {'speedup':>8s} {'ideal':>6s} {'sim ms':>8s} "
+HEADER = (f"{'plan':24s} {'samples/s':>10s} {'ms':>8s} {'speedup':>8s} {'ideal':>6s} {'sim ms':>8s} "
           f"{'meas/sim':>8s}  peak MiB per worker")
+
+
+def plan_budget(plan, profiles: Dict[int, str], batch: int, slowdown: float, single_sim_ms: float,
+                sim_ms: float) -> speedup_budget.SpeedupBudget:
+    """The plan's ideal, slice, sharing and simulated factors (scripts/bench/speedup_budget.py)."""
+    from planner.simulation.sim_adapter import model_profile
+
+    stacked = stacked_profile_for(plan, profiles)
+    return speedup_budget.speedup_budget(
+        plan.ideal_speedup, plan.num_devices, model_profile(profile_for(plan, profiles)),
+        model_profile(profiles[batch]), slowdown, single_sim_ms, sim_ms,
+        stacked_model=None if stacked is None else model_profile(stacked))
 
 
 def rounds_text(rounds: int) -> str:
@@ -190,7 +202,7 @@ def rounds_text(rounds: int) -> str:
 
 def row_text(row) -> str:
     peaks = " ".join(f"{p / 2**20:.0f}" for p in row["peak_bytes"])
-    return (f"{row['plan']:16s} {row['samples_per_s']:10.0f} {row['measured_ms']:8.1f} {row['speedup']:8.2f} "
+    return (f"{row['plan']:24s} {row['samples_per_s']:10.0f} {row['measured_ms']:8.1f} {row['speedup']:8.2f} "
             f"{row['ideal_speedup']:6.2f} {row['simulated_ms']:8.1f} {row['measured_over_simulated']:8.2f}  {peaks}")
 
 
@@ -237,6 +249,7 @@ def run(flags_, model_args) -> int:
                                       gpipe=flags_.gpipe, zero_bubble=flags_.zero_bubble,
                                       interleaved=flags_.interleaved, batched_w=flags_.batched_w)
     plans.append(speedup_plans.planner_plan(profiles, pcluster, batch))
+    single_sim = speedup_plans.simulate(plans[0], base_profile).iteration_ms
     plans = selected(plans, flags_.plans)
     print(f"{flags_.model} ({model_flags}), global batch {batch}, {n} workers x {flags_.cores_per_worker} core(s), "
           f"{flags_.optimizer}; median of {flags_.steps} steps{rounds_text(flags_.rounds)}; setup {time.time() - start:.0f} s", flush=True)
@@ -247,7 +260,7 @@ def run(flags_, model_args) -> int:
         traced[plan.name] = traced_step(opened[-1], cluster.target, session)
         print(f"  built and traced {plan.name} ({i + 1} of {len(plans)})", flush=True)
     rounds = time_in_rounds(opened, cluster.target, session, flags_.rounds, flags_.steps)
-    rows, single_ms = [], None
+    rows, single_ms, budgets = [], None, []
     for o in opened:
         plan, handle = o.plan, o.handle
         peaks, metadata = traced[plan.name]
@@ -261,12 +274,22 @@ def run(flags_, model_args) -> int:
                "ideal_speedup": plan.ideal_speedup, "measured_over_simulated": ms / sim,
                "peak_bytes": [peaks.get(d, 0) for d in devices], "profile": os.path.basename(profile),
                "rounds_ms": rounds[plan.name]}
+        budget = plan_budget(plan, profiles, batch, slowdown, single_sim, sim)
+        row.update(simulated_speedup=budget.simulated, speedup_after_compute=budget.after_compute,
+                   slice_slowdown=budget.slices)
+        row["round_speedups"] = ([a / b for a, b in zip(rounds["single"], rounds[plan.name])]
+                                 if "single" in rounds else [])
+        budgets.append((plan.name, budget, row["speedup"], row["round_speedups"]))
         if not rows:
             print(HEADER, flush=True)
         rows.append(row)
         print(row_text(row), flush=True)
         if flags_.trace_dir:
             write_timelines(flags_.trace_dir, plan, metadata, handle, simulated)
+    print("Where the speedup goes (scripts/bench/speedup_budget.py):", flush=True)
+    width = max(len(b[0]) for b in budgets)
+    for name, budget, measured, per_round in budgets:
+        print(f"  {name:{width}s}  {budget.text(measured, per_round)}", flush=True)
     harness.write_rows(flags_.json, rows)
     del tf
     return 0
