@@ -16,8 +16,8 @@ Kinds:
 
     >>> print(build_schedule(2, 4, "zb-h1"))
     zb-h1 schedule, S=2 stages, M=4 micro-batches, K=[2, 1]
-    stage 0: F0 F1 B0 W0 B1 F2 W1 F3 B2 W2 B3 W3
-    stage 1: F0 B0 F1 B1 W0 W1 F2 B2 F3 B3 W2 W3
+    stage 0: F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3
+    stage 1: F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3
 
 - "interleaved": 1F1B with virtual stages (planner/formats/interleaved.py): P device groups each run v
   non-adjacent stages, stage s on group s % P, in one merged order per group (`lane_tasks`).

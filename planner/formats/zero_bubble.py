@@ -10,6 +10,10 @@ whenever a stage is free it runs, in this order of preference,
    `forward_cap` micro-batches between F and B or `live_cap` micro-batches between F and W (a
    micro-batch's activations live until its W);
 3. the oldest W still pending.
+The first stage, whose B no stage waits for, prefers its next F to its next B: it then runs 1F1B with each
+W right after its B (F0 F1 B0 W0 F2 B1 W1 ... at S = 2), the paper's ZB-H1 order there, and never holds a
+W's inputs beside a new forward's activations (the same unit-cost steps on every S <= 8, M <= 4S checked;
+B first made it run B1 before F2 and hold W1's inputs beside F2's activations).
 Variants:
 - "zb-h1": forward_cap = DAPPLE's K_i (its warm-up policy, or K_i given), live_cap = max K_i: the peak
   memory of DAPPLE's 1F1B on its first stage, on every stage.
@@ -59,12 +63,17 @@ def stage_orders(num_stages: int, num_micro_batches: int, forward_cap: Sequence[
             if free_at[s] > now:
                 continue
             b, f = backwards[s], forwards[s]
-            if b < f and ended(forward_done[s], b) and (s == s_count - 1 or ended(backward_done[s + 1], b)):
+            can_forward = (f < m and f - b < forward_cap[s] and f - weights[s] < live_cap
+                           and (s == 0 or ended(forward_done[s - 1], f)))
+            if s == 0 and can_forward:
+                orders[s].append(("F", f))
+                forward_done[s][f] = now + 1
+                forwards[s] += 1
+            elif b < f and ended(forward_done[s], b) and (s == s_count - 1 or ended(backward_done[s + 1], b)):
                 orders[s].append(("B", b))
                 backward_done[s][b] = now + 1
                 backwards[s] += 1
-            elif (f < m and f - b < forward_cap[s] and f - weights[s] < live_cap
-                  and (s == 0 or ended(forward_done[s - 1], f))):
+            elif can_forward:
                 orders[s].append(("F", f))
                 forward_done[s][f] = now + 1
                 forwards[s] += 1
