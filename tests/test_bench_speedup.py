@@ -3,6 +3,7 @@ process handling (nothing left running). Correctness, not timing: a tiny MLP and
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -46,6 +47,8 @@ def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
     assert rows["single"]["simulated_speedup"] == pytest.approx(1.0)
     assert rows["dp2"]["speedup_after_compute"] <= 2.0 / rows["dp2"]["slice_slowdown"] + 1e-9
     assert "Where the speedup goes" in result.stdout and "  dp2  " in result.stdout
+    assert re.search(r"profile at batch 32 measured again after the others: whole step [\d.]+ -> [\d.]+ ms "
+                     r"\([\d.]+x;", result.stdout), result.stdout[:3000]
     assert rows["dp2"]["ideal_speedup"] == 2.0
     assert rows["straight2-M4"]["ideal_speedup"] == pytest.approx(2 * 4 / 5)
     assert rows["single"]["peak_bytes"][1] == 0  # worker 1 runs nothing of the single-worker plan

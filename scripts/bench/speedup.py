@@ -7,7 +7,8 @@ It starts N worker processes through dapple_launch's local cluster (each pinned 
 `--cores_per_worker` cores, thread pools sized for them, one device each) and runs itself as the
 chief. The chief
 1. profiles the model on one pinned core set (dapple_profile in a pinned process, at every
-   micro-batch slice size the plans use: compute per sample is not the same at every size),
+   micro-batch slice size the plans use: compute per sample is not the same at every size), then the
+   whole batch once more, and prints how far its step moved meanwhile (the machine's drift),
 2. measures the link between two workers and the runtime's AllReduce across all of them
    (dapple_tf.cluster.link_probe: latency and bandwidth through gRPC) and describes the cluster to the
    planner with them,

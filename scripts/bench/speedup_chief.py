@@ -5,6 +5,7 @@ Runs under dapple_launch (TF_CONFIG names the pinned workers). See bench_speedup
 
 import dataclasses
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -27,8 +28,21 @@ def profile_sizes(global_batch_size: int, micro_batches, num_workers: int, names
     return sorted(sizes)
 
 
+def _profile(flags_, model_args, cores, size: int, path: str) -> None:
+    """dapple_profile at batch `size` into `path`, in a process pinned to `cores`."""
+    config, model_flags, _ = model_args
+    command = harness.module_command(
+        "scripts.dapple_profile", f"--model={flags_.model}", f"--config={config}",
+        f"--model_flags={model_flags}", f"--batch_size={size}", f"--threads={len(cores)}", f"--output={path}")
+    done = subprocess.run(command, capture_output=True, text=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, set(cores)))
+    if done.returncode:
+        raise RuntimeError(f"profiling at batch {size} failed:\n{done.stderr[-2000:]}")
+
+
 def measure_profiles(flags_, model_args, cores, sizes, folder) -> Dict[int, str]:
-    """Profiles the model at each size in a process pinned to `cores` (a worker's cores, idle meanwhile)."""
+    """Profiles the model at each size in a process pinned to `cores` (a worker's cores, idle meanwhile), then the
+    largest size once more and prints how far its whole step moved (the machine's drift while profiling)."""
     config, model_flags, _ = model_args
     # a kept profile is reused only for the same model, config, flags and cores
     key = zlib.crc32(f"{flags_.model}|{config}|{model_flags}|{len(cores)}".encode()) & 0xFFFFFFFF
@@ -36,16 +50,28 @@ def measure_profiles(flags_, model_args, cores, sizes, folder) -> Dict[int, str]
     for size in sizes:
         path = os.path.join(folder, f"{flags_.model}-{key:08x}-bs{size}.pbtxt")
         if not os.path.exists(path):
-            command = harness.module_command(
-                "scripts.dapple_profile", f"--model={flags_.model}", f"--config={config}",
-                f"--model_flags={model_flags}", f"--batch_size={size}", f"--threads={len(cores)}", f"--output={path}")
-            done = subprocess.run(command, capture_output=True, text=True,
-                                  preexec_fn=lambda: os.sched_setaffinity(0, set(cores)))
-            if done.returncode:
-                raise RuntimeError(f"profiling at batch {size} failed:\n{done.stderr[-2000:]}")
+            _profile(flags_, model_args, cores, size, path)
         paths[size] = path
         print(f"profile at batch {size}: {path}", flush=True)
+    largest = max(sizes)
+    recheck = os.path.join(tempfile.mkdtemp(prefix="bench_speedup_recheck_"), "recheck.pbtxt")
+    try:
+        _profile(flags_, model_args, cores, largest, recheck)
+        print(drift_text(largest, paths[largest], recheck), flush=True)
+    finally:
+        shutil.rmtree(os.path.dirname(recheck), ignore_errors=True)
     return paths
+
+
+def drift_text(size: int, first: str, again: str) -> str:
+    """How far the whole step at `size` moved between two profiles (their LayerCostProfile.step_ms)."""
+    from planner.formats.profile import load_profile
+
+    before, after = load_profile(first).step_ms, load_profile(again).step_ms
+    if before <= 0 or after <= 0:
+        return f"profile at batch {size} measured again: no whole-step time to compare"
+    return (f"profile at batch {size} measured again after the others: whole step {before:.1f} -> {after:.1f} ms "
+            f"({after / before:.2f}x; the slices factors and simulated times below carry this machine's drift)")
 
 
 def profile_for(plan: speedup_plans.BenchPlan, profiles: Dict[int, str]) -> str:
