@@ -49,8 +49,12 @@ def test_keras_attention_conv_model_trains_like_single_device(stages, m):
     grads, weights, losses, handle, _ = train_pipelined(attention_model_fn, x, y, SGD, plan, "dapple", 2,
                                                         initial=initial, layers=dapple_tf.layers_by_scope(depth=1))
     assert [name for stage in handle.stages for name in stage.layer_names] == NAMES  # one per Keras layer
-    assert_close_dicts(want_grads, grads)
-    assert_close_dicts(want_weights, weights)
+    # atol 5e-6: the 8 slices' gradients summed in another order than the whole batch's, an order that moves with
+    # the machine's load (AddN adds inputs as they arrive); mha/value/bias came out 1.45e-6 off once under the full
+    # TF 2.21 suite (0.0414166 vs 0.0414181: terms that largely cancel), never in isolation. A lost micro-batch or
+    # slice is off by 10% or more.
+    assert_close_dicts(want_grads, grads, atol=5e-6)
+    assert_close_dicts(want_weights, weights, atol=5e-6)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
 
 

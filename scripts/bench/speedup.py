@@ -69,6 +69,8 @@ flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
 flags.DEFINE_string("trace_dir", None, "Write each plan's measured timeline (Chrome trace) and measured-vs-"
                     "simulated PNG here.")
 flags.DEFINE_string("profile_dir", None, "Keep the profiles here (default: a temporary folder).")
+flags.DEFINE_boolean("profile_drift", True, "Profile the whole batch once more after the other sizes and print how far "
+                     "its step moved (the machine's drift the simulated figures carry).")
 flags.DEFINE_boolean("as_chief", False, "Internal: run as the chief under dapple_launch.")
 
 DEFAULTS = {  # model -> (config, model_flags, global batch)
@@ -104,6 +106,7 @@ def main(argv):
               f"--micro_batches={','.join(FLAGS.micro_batches)}", f"--optimizer={FLAGS.optimizer}",
               f"--steps={FLAGS.steps}", f"--rounds={FLAGS.rounds}", f"--gpipe={FLAGS.gpipe}", f"--zero_bubble={FLAGS.zero_bubble}",
               f"--interleaved={FLAGS.interleaved}", f"--batched_w={FLAGS.batched_w}",
+              f"--profile_drift={FLAGS.profile_drift}",
               f"--stage_functions={FLAGS.stage_functions}", "--as_chief"]
     if FLAGS.allreduce_bucket_mb is not None:
         passed.append(f"--allreduce_bucket_mb={FLAGS.allreduce_bucket_mb}")

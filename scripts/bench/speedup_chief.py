@@ -41,8 +41,8 @@ def _profile(flags_, model_args, cores, size: int, path: str) -> None:
 
 
 def measure_profiles(flags_, model_args, cores, sizes, folder) -> Dict[int, str]:
-    """Profiles the model at each size in a process pinned to `cores` (a worker's cores, idle meanwhile), then the
-    largest size once more and prints how far its whole step moved (the machine's drift while profiling)."""
+    """Profiles the model at each size in a process pinned to `cores` (a worker's cores, idle meanwhile), then (with
+    --profile_drift) the largest size once more and prints how far its whole step moved (the machine's drift)."""
     config, model_flags, _ = model_args
     # a kept profile is reused only for the same model, config, flags and cores
     key = zlib.crc32(f"{flags_.model}|{config}|{model_flags}|{len(cores)}".encode()) & 0xFFFFFFFF
@@ -53,6 +53,8 @@ def measure_profiles(flags_, model_args, cores, sizes, folder) -> Dict[int, str]
             _profile(flags_, model_args, cores, size, path)
         paths[size] = path
         print(f"profile at batch {size}: {path}", flush=True)
+    if not flags_.profile_drift:
+        return paths
     largest = max(sizes)
     recheck = os.path.join(tempfile.mkdtemp(prefix="bench_speedup_recheck_"), "recheck.pbtxt")
     try:

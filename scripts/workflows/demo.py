@@ -163,7 +163,7 @@ def speedup_section() -> None:
         return
     print("\n== speedup: 2 pinned worker processes (1 core each) vs one, measured and simulated ==", flush=True)
     command = [sys.executable, "-m", "scripts.bench.speedup", "--num_workers=2", "--micro_batches=4",
-               "--plans=single,straight2-M4", "--gpipe=false", "--steps=5"]
+               "--plans=single,straight2-M4", "--gpipe=false", "--steps=5", "--profile_drift=false"]
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if not line.startswith(("profile at", "dapple_launch:"))]
     print("\n".join(lines), flush=True)
