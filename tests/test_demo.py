@@ -17,7 +17,8 @@ def _accuracy(stdout):
 
 
 @pytest.mark.parametrize("args,stages", [([], None), (["--num_stages=2", "--nospeedup"], 2)])
-def test_demo_trains_digits_to_90_percent(args, stages):
+def test_demo_trains_digits_to_90_percent(args, stages, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the programs' temporary folders, checked below
     result = _demo(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
@@ -34,6 +35,7 @@ def test_demo_trains_digits_to_90_percent(args, stages):
         row = re.search(r"^straight2-M4 +\d+ +([0-9.]+) +([0-9.]+) +1\.60 +([0-9.]+) +([0-9.]+)", out, re.M)
         assert row, out[-2000:]
         assert float(row.group(2)) > 0 and float(row.group(4)) > 0  # speedup and measured/simulated (not timed)
+        assert not list(tmp_path.glob("bench_speedup_*")), list(tmp_path.iterdir())  # its profiles removed
     elif stages:
         assert "== speedup" not in out
 

@@ -68,7 +68,7 @@ flags.DEFINE_integer("rounds", 1, "Time the plans in this many rounds, each runn
 flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
 flags.DEFINE_string("trace_dir", None, "Write each plan's measured timeline (Chrome trace) and measured-vs-"
                     "simulated PNG here.")
-flags.DEFINE_string("profile_dir", None, "Keep the profiles here (default: a temporary folder).")
+flags.DEFINE_string("profile_dir", None, "Keep the profiles here (default: a temporary folder, removed at the end).")
 flags.DEFINE_boolean("profile_drift", True, "Profile the whole batch once more after the other sizes and print how far "
                      "its step moved (the machine's drift the simulated figures carry).")
 flags.DEFINE_boolean("as_chief", False, "Internal: run as the chief under dapple_launch.")

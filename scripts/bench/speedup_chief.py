@@ -52,7 +52,8 @@ def measure_profiles(flags_, model_args, cores, sizes, folder) -> Dict[int, str]
         if not os.path.exists(path):
             _profile(flags_, model_args, cores, size, path)
         paths[size] = path
-        print(f"profile at batch {size}: {path}", flush=True)
+        kept = "" if flags_.profile_dir else " (removed at the end; --profile_dir keeps it)"
+        print(f"profile at batch {size}: {path}{kept}", flush=True)
     if not flags_.profile_drift:
         return paths
     largest = max(sizes)
@@ -246,6 +247,18 @@ def selected(plans, names):
 
 
 def run(flags_, model_args) -> int:
+    """Profiles, plans, builds and times every plan; the profiles stay in --profile_dir, or in a temporary folder
+    removed at the end."""
+    if flags_.profile_dir:
+        return _run(flags_, model_args, flags_.profile_dir)
+    folder = tempfile.mkdtemp(prefix="bench_speedup_")
+    try:
+        return _run(flags_, model_args, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(flags_, model_args, folder) -> int:
     import tensorflow as tf
 
     import models
@@ -258,7 +271,6 @@ def run(flags_, model_args) -> int:
     wait_for_workers(cluster, 120)
     devices = [cluster.device(i, "CPU", 0) for i in range(n)]
     spec = models.get_model(flags_.model, config_name, **models.parse_model_flags(model_flags))
-    folder = flags_.profile_dir or tempfile.mkdtemp(prefix="bench_speedup_")
     os.makedirs(folder, exist_ok=True)
     start = time.time()
     sizes = profile_sizes(batch, flags_.micro_batches, n, flags_.plans)
