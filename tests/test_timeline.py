@@ -106,6 +106,27 @@ def test_a_remote_receive_times_its_transfer_and_other_devices_are_ignored():
     assert box.end_ms == pytest.approx(measured.iteration_ms)  # not the stream's kernel, a second later
 
 
+def test_a_backward_operation_run_during_the_forward_stays_out_of_the_backward_box():
+    metadata, handle = traced_step(PLANS["straight"])
+    before = timeline.measured_timeline(metadata, handle)
+    device = handle.stages[1].devices[0]
+    forward, backward = handle.schedule.stage_tasks[1][:2]  # F0 B0 on the last stage
+    nodes = {n.node_name: n for d in metadata.step_stats.dev_stats if d.device.endswith(device) for n in d.node_stats}
+    forward_start = min(nodes[n].all_start_nanos for n in handle.task_op_names[(device, forward, 0)] if n in nodes)
+    early = next(nodes[n] for n in handle.task_op_names[(device, backward, 0)]
+                 if n in nodes and " = Mul(" in nodes[n].timeline_label)
+    # as a backward's factor of forward values runs (e.g. a GELU derivative's): while the forward runs
+    early.all_start_nanos, early.all_end_rel_nanos = forward_start + 1000, 1000
+    early.all_start_micros, early.all_end_rel_micros = (forward_start + 1000) // 1000, 1
+    after = timeline.measured_timeline(metadata, handle)
+
+    def box(result, kind):
+        return next((e.start_ms, e.end_ms) for e in result.events if (e.kind, e.stage, e.micro_batch) == (kind, 1, 0))
+    assert box(after, KIND_FORWARD) == box(before, KIND_FORWARD)
+    assert box(after, KIND_BACKWARD)[0] == box(after, KIND_FORWARD)[1]  # from the end of the task before it
+    assert box(after, KIND_BACKWARD)[1] == box(before, KIND_BACKWARD)[1]
+
+
 def test_chrome_trace_holds_the_boxes(traced, tmp_path):
     _, handle, measured = traced
     path = tmp_path / "measured.json"

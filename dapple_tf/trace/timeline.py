@@ -6,7 +6,8 @@ planner's tools show like a simulated iteration: `write_measured_trace` (Chrome 
 `draw_measured_vs_simulated` (one PNG, measured above simulated). Times are ms from the step's first
 operation on a plan device; device ids index the plan's devices in stage order. The boxes:
 - F/B of (stage, micro-batch): first start to last end of the task's operations on the stage's
-  FIRST device; a backward whose input gradients come first (tasks.input_gradients_first) is a B box
+  FIRST device, from no earlier than the end of the task before it on that device (a backward's
+  factors of forward values run during the forward); a backward whose input gradients come first (tasks.input_gradients_first) is a B box
   up to the end of the operations its input gradients need (handle.input_gradient_op_names) and a W
   box (weight gradients) after it. Only the stage's
   first device counts (replica 0; replicas run the same order), and bookkeeping operations are left out
@@ -86,15 +87,40 @@ def _span(ops: Sequence[Op]) -> Optional[Tuple[int, int]]:
     return (min(o[1] for o in ops), max(o[2] for o in ops)) if ops else None
 
 
-def _task_spans(handle, ops):
-    """(kind, stage, micro-batch, span, resource) of every task on its stage's first device."""
-    out = []
+def _clipped_task_spans(handle, ops):
+    """{task: (start, end)} on its stage's first device, each start clipped to the end of the task before it in its
+    device group's order. Every operation of a task waits for the task before it in the built graph, but after
+    grappler's rewrites a few need only forward values (factors of a GELU's derivative, measured on BERT) and run
+    as soon as those are ready, inside the previous task's box."""
+    spans = {}
     for stage in handle.stages:
         device = stage.devices[0]
         for task in handle.schedule.stage_tasks[stage.index]:
             names = handle.task_op_names.get((device, task, 0), ())
             found = [ops[device][n] for n in names if n in ops[device]]
             span = _span([o for o in found if o[0] not in _BOOKKEEPING] or found)
+            if span:
+                spans[task] = span
+    for lane_tasks in handle.schedule.lane_tasks:
+        previous_end = None
+        for task in lane_tasks:
+            if task not in spans:
+                continue
+            start, end = spans[task]
+            if previous_end is not None:
+                spans[task] = (min(max(start, previous_end), end), end)
+            previous_end = end
+    return spans
+
+
+def _task_spans(handle, ops):
+    """(kind, stage, micro-batch, span, resource) of every task on its stage's first device."""
+    out = []
+    spans = _clipped_task_spans(handle, ops)
+    for stage in handle.stages:
+        device = stage.devices[0]
+        for task in handle.schedule.stage_tasks[stage.index]:
+            span = spans.get(task)
             if not span:
                 continue
             resource = lane_name(handle.schedule, handle.schedule.lane_of(stage.index))
