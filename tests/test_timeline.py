@@ -127,6 +127,25 @@ def test_a_backward_operation_run_during_the_forward_stays_out_of_the_backward_b
     assert box(after, KIND_BACKWARD)[1] == box(before, KIND_BACKWARD)[1]
 
 
+def test_a_backward_box_starts_when_its_gradient_arrives():
+    metadata, handle = traced_step(PLANS["straight"])
+    device = handle.stages[0].devices[0]
+    forward, backward = handle.schedule.stage_tasks[0][0], handle.schedule.stage_tasks[0][2]  # F0 F1 B0 B1
+    nodes = {n.node_name: n for d in metadata.step_stats.dev_stats if d.device.endswith(device) for n in d.node_stats}
+    forward_start = min(nodes[n].all_start_nanos for n in handle.task_op_names[(device, forward, 0)] if n in nodes)
+    early = next(nodes[n] for n in handle.task_op_names[(device, backward, 0)]
+                 if n in nodes and " = TanhGrad(" in nodes[n].timeline_label)
+    early.all_start_nanos, early.all_end_rel_nanos = forward_start + 1000, 1000
+    early.all_start_micros, early.all_end_rel_micros = (forward_start + 1000) // 1000, 1
+    measured = timeline.measured_timeline(metadata, handle)
+
+    def box(kind, stage, mb):
+        return next((e.start_ms, e.end_ms) for e in measured.events if (e.kind, e.stage, e.micro_batch) == (kind, stage, mb))
+    arrived, previous_end = box(KIND_SEND_GRADIENT, 1, 0)[1], box(KIND_FORWARD, 0, 1)[1]
+    assert arrived > previous_end  # stage 1's F0 and B0 outlast stage 0's F1 here: the wait is for the gradient
+    assert box(KIND_BACKWARD, 0, 0)[0] == pytest.approx(arrived)
+
+
 def test_chrome_trace_holds_the_boxes(traced, tmp_path):
     _, handle, measured = traced
     path = tmp_path / "measured.json"

@@ -6,8 +6,9 @@ planner's tools show like a simulated iteration: `write_measured_trace` (Chrome 
 `draw_measured_vs_simulated` (one PNG, measured above simulated). Times are ms from the step's first
 operation on a plan device; device ids index the plan's devices in stage order. The boxes:
 - F/B of (stage, micro-batch): first start to last end of the task's operations on the stage's
-  FIRST device, from no earlier than the end of the task before it on that device (a backward's
-  factors of forward values run during the forward); a backward whose input gradients come first (tasks.input_gradients_first) is a B box
+  FIRST device, from no earlier than the end of the task before it on that device and the arrival
+  of its input from another stage (a backward's factors of forward values run during the forward
+  and the wait for the gradient); a backward whose input gradients come first (tasks.input_gradients_first) is a B box
   up to the end of the operations its input gradients need (handle.input_gradient_op_names) and a W
   box (weight gradients) after it. Only the stage's
   first device counts (replica 0; replicas run the same order), and bookkeeping operations are left out
@@ -140,6 +141,21 @@ def _task_spans(handle, ops):
     return out
 
 
+def _after_inputs(handle, task_spans, arrivals):
+    """Task boxes start no earlier than their input's arrival on their device: a forward's activation from the
+    stage before, a backward's (B's and W's) gradient from the stage after; what ran before it (operations on
+    forward values alone) is not what the task waited for."""
+    out = []
+    for kind, stage, mb, (start, end), resource in task_spans:
+        device = _canonical(handle.stages[stage].devices[0])
+        key = ((device, KIND_SEND_ACTIVATION, stage - 1, mb) if kind == KIND_FORWARD
+               else (device, KIND_SEND_GRADIENT, stage + 1, mb))
+        if key in arrivals:
+            start = min(max(start, arrivals[key]), end)
+        out.append((kind, stage, mb, (start, end), resource))
+    return out
+
+
 def _stage_spans(handle, ops, task_names):
     """Per stage: its AllReduce (collectives of no task, and the handle's AllReduce ops: exchange_sum's
     plain ops across processes, on all its devices) and its apply operations (per device group where
@@ -205,7 +221,9 @@ def _transfer_span(source: Optional[Op], consumers: List[Op], remote) -> Optiona
 
 
 def _transfer_spans(ops, remote, edges, lane_of_device, task_of, schedule):
+    """(transfer boxes, {(receiving device, kind, sending stage, micro-batch): last arrival there})."""
     boxes: Dict[tuple, Tuple[int, int]] = {}
+    arrivals: Dict[tuple, int] = {}
     for tensor, source, send, recv, consumers in edges:
         send, recv = _canonical(send), _canonical(recv)
         src, dst = lane_of_device.get(send), lane_of_device.get(recv)
@@ -222,7 +240,9 @@ def _transfer_spans(ops, remote, edges, lane_of_device, task_of, schedule):
                    f"link{src}>{dst}")
             old = boxes.get(key, span)
             boxes[key] = (max(old[0], span[0]), max(old[1], span[1]))  # the last piece: ready, arrived
-    return [(kind, src, mb, span, resource) for (kind, src, mb, resource), span in boxes.items()]
+            arrival = (recv,) + key[:3]
+            arrivals[arrival] = max(arrivals.get(arrival, span[1]), span[1])
+    return [(kind, src, mb, span, resource) for (kind, src, mb, resource), span in boxes.items()], arrivals
 
 
 def _stage_costs(handle, events: Sequence[Event], device_ids) -> Tuple[StageCost, ...]:
@@ -266,9 +286,9 @@ def measured_timeline(run_metadata, handle) -> SimulationResult:
                          "RunOptions(trace_level=FULL_TRACE)")
     origin = min(times)
     edges = _cross_device_edges(run_metadata, handle.train_op.graph)
-    tasks = _task_spans(handle, ops)
-    spans = (tasks + _after_tasks(_stage_spans(handle, ops, set(task_of)), tasks, schedule)
-             + _transfer_spans(ops, remote, edges, lane_of_device, task_of, schedule))
+    transfers, arrivals = _transfer_spans(ops, remote, edges, lane_of_device, task_of, schedule)
+    tasks = _after_inputs(handle, _task_spans(handle, ops), arrivals)
+    spans = tasks + _after_tasks(_stage_spans(handle, ops, set(task_of)), tasks, schedule) + transfers
     events = sorted((Event(kind, s, mb, (a - origin) / 1e6, (b - origin) / 1e6, resource)
                      for kind, s, mb, (a, b), resource in spans),
                     key=lambda e: (e.start_ms, e.stage, e.kind, e.micro_batch))
