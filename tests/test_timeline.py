@@ -106,44 +106,41 @@ def test_a_remote_receive_times_its_transfer_and_other_devices_are_ignored():
     assert box.end_ms == pytest.approx(measured.iteration_ms)  # not the stream's kernel, a second later
 
 
-def test_a_backward_operation_run_during_the_forward_stays_out_of_the_backward_box():
-    metadata, handle = traced_step(PLANS["straight"])
-    before = timeline.measured_timeline(metadata, handle)
-    device = handle.stages[1].devices[0]
-    forward, backward = handle.schedule.stage_tasks[1][:2]  # F0 B0 on the last stage
+def run_during_forward(metadata, handle, stage, forward, backward, op_type):
+    """Moves one `op_type` operation of `backward` (on `stage`'s device) to the start of `forward`, as a backward's
+    factor of forward values runs (e.g. a GELU derivative's)."""
+    device = handle.stages[stage].devices[0]
     nodes = {n.node_name: n for d in metadata.step_stats.dev_stats if d.device.endswith(device) for n in d.node_stats}
     forward_start = min(nodes[n].all_start_nanos for n in handle.task_op_names[(device, forward, 0)] if n in nodes)
     early = next(nodes[n] for n in handle.task_op_names[(device, backward, 0)]
-                 if n in nodes and " = Mul(" in nodes[n].timeline_label)
-    # as a backward's factor of forward values runs (e.g. a GELU derivative's): while the forward runs
+                 if n in nodes and f" = {op_type}(" in nodes[n].timeline_label)
     early.all_start_nanos, early.all_end_rel_nanos = forward_start + 1000, 1000
     early.all_start_micros, early.all_end_rel_micros = (forward_start + 1000) // 1000, 1
-    after = timeline.measured_timeline(metadata, handle)
 
-    def box(result, kind):
-        return next((e.start_ms, e.end_ms) for e in result.events if (e.kind, e.stage, e.micro_batch) == (kind, 1, 0))
-    assert box(after, KIND_FORWARD) == box(before, KIND_FORWARD)
-    assert box(after, KIND_BACKWARD)[0] == box(after, KIND_FORWARD)[1]  # from the end of the task before it
-    assert box(after, KIND_BACKWARD)[1] == box(before, KIND_BACKWARD)[1]
+
+def box(result, kind, stage, mb):
+    return next((e.start_ms, e.end_ms) for e in result.events if (e.kind, e.stage, e.micro_batch) == (kind, stage, mb))
+
+
+def test_a_backward_operation_run_during_the_forward_stays_out_of_the_backward_box():
+    metadata, handle = traced_step(PLANS["straight"])
+    before = timeline.measured_timeline(metadata, handle)
+    forward, backward = handle.schedule.stage_tasks[1][:2]  # F0 B0 on the last stage
+    run_during_forward(metadata, handle, 1, forward, backward, "Mul")
+    after = timeline.measured_timeline(metadata, handle)
+    assert box(after, KIND_FORWARD, 1, 0) == box(before, KIND_FORWARD, 1, 0)
+    assert box(after, KIND_BACKWARD, 1, 0)[0] == box(after, KIND_FORWARD, 1, 0)[1]  # from the end of the task before
+    assert box(after, KIND_BACKWARD, 1, 0)[1] == box(before, KIND_BACKWARD, 1, 0)[1]
 
 
 def test_a_backward_box_starts_when_its_gradient_arrives():
     metadata, handle = traced_step(PLANS["straight"])
-    device = handle.stages[0].devices[0]
-    forward, backward = handle.schedule.stage_tasks[0][0], handle.schedule.stage_tasks[0][2]  # F0 F1 B0 B1
-    nodes = {n.node_name: n for d in metadata.step_stats.dev_stats if d.device.endswith(device) for n in d.node_stats}
-    forward_start = min(nodes[n].all_start_nanos for n in handle.task_op_names[(device, forward, 0)] if n in nodes)
-    early = next(nodes[n] for n in handle.task_op_names[(device, backward, 0)]
-                 if n in nodes and " = TanhGrad(" in nodes[n].timeline_label)
-    early.all_start_nanos, early.all_end_rel_nanos = forward_start + 1000, 1000
-    early.all_start_micros, early.all_end_rel_micros = (forward_start + 1000) // 1000, 1
+    tasks = handle.schedule.stage_tasks[0]  # F0 F1 B0 B1
+    run_during_forward(metadata, handle, 0, tasks[0], tasks[2], "TanhGrad")
     measured = timeline.measured_timeline(metadata, handle)
-
-    def box(kind, stage, mb):
-        return next((e.start_ms, e.end_ms) for e in measured.events if (e.kind, e.stage, e.micro_batch) == (kind, stage, mb))
-    arrived, previous_end = box(KIND_SEND_GRADIENT, 1, 0)[1], box(KIND_FORWARD, 0, 1)[1]
+    arrived, previous_end = box(measured, KIND_SEND_GRADIENT, 1, 0)[1], box(measured, KIND_FORWARD, 0, 1)[1]
     assert arrived > previous_end  # stage 1's F0 and B0 outlast stage 0's F1 here: the wait is for the gradient
-    assert box(KIND_BACKWARD, 0, 0)[0] == pytest.approx(arrived)
+    assert box(measured, KIND_BACKWARD, 0, 0)[0] == pytest.approx(arrived)
 
 
 def test_chrome_trace_holds_the_boxes(traced, tmp_path):
