@@ -37,10 +37,9 @@ def test_zb_h1_keeps_the_1f1b_peak_and_gpipe_does_not(peaks, rewrite):
     # equal with both rewrites). The first stage runs 1F1B's order with each W right after its B.
     assert max(zb_h1) <= 1.05 * max(dapple), by_schedule
     assert dapple[0] > dapple[1], by_schedule
-    # what is measured moves with the schedule: the last stage holds a second micro-batch for its deferred W
-    # (its stage: two layers' activations, partly released by B: +0.5 to +1.0 activation over runs, as 1F1B's
-    # side moves by up to a fifth), GPipe all four, ZB-H2 more warm-up forwards
-    assert zb_h1[1] > dapple[1] + activation / 4, by_schedule
+    # what is measured moves with the schedule: GPipe holds all four micro-batches, ZB-H2 more warm-up forwards.
+    # (The last stage's deferred W shows too, +0 to +1.5 activation, but its 1F1B peak moves by a fifth between
+    # runs with two tasks: 1089-1345 KiB, zb-h1 1345-1473.)
     assert all(g > d + activation for g, d in zip(by_schedule["gpipe"], dapple)), by_schedule
     assert max(by_schedule["zb-h2"]) > 1.2 * max(dapple), by_schedule
 
