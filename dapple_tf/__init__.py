@@ -4,12 +4,14 @@
     build_pipeline(..., layers=dapple_tf.layers_by_scope(depth=2))   # use the model's own name scopes
     handle = dapple_tf.build_pipeline(model_fn, features, labels, optimizer, plan)
     dapple_tf.Trainer(model_fn, input_fn, optimizer, plan, model_dir).train(steps)   # or a training loop
+    train_op = dapple_tf.minimize(loss, optimizer, global_step=...)   # inside a TF1 script's model_fn
 """
 
 from dapple_tf.rewrite.batch_norm import BatchNormWarning, MovingStatisticsWarning, collect_updates
 from dapple_tf.cluster.servers import ClusterError, TFCluster
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model.layers import LayerRecorder, layer
+from dapple_tf.model.minimize import minimize
 from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.rewrite.pipeline import PipelineHandle, build_pipeline
 from dapple_tf.plan import Plan
@@ -37,4 +39,5 @@ __all__ = [
     "PipelineHandle",
     "PipelineOptions",
     "build_pipeline",
+    "minimize",
 ]

@@ -44,6 +44,7 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
+from dapple_tf.model import minimize as minimize_lib
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.rewrite.outputs import split_model_result
 from planner.formats import layer_cost_pb2
@@ -198,8 +199,9 @@ def _build_model_graph(model_fn, make_inputs, device, seed, layers) -> _ModelGra
         features, labels = make_inputs()
         first_model_op = len(graph.get_operations())
         recorder = layers.recorder(graph) if layers is not None else LayerRecorder(graph)
-        with recorder.activate():
-            loss, _ = split_model_result(model_fn(features, labels))
+        with recorder.activate(), minimize_lib.trace(graph):  # dapple_tf.minimize's request is not used here
+            result, _ = minimize_lib.spec_parts(minimize_lib.training_model_fn(model_fn)(features, labels))
+            loss, _ = split_model_result(result)
         if not isinstance(loss, tf.Tensor):
             raise ValueError(f"model_fn must return the loss tensor, got {type(loss).__name__}")
         input_tensors = tf.nest.flatten((features, labels))

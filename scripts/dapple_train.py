@@ -27,6 +27,10 @@ folder on PYTHONPATH. Flags can come from a file: --flagfile=train.flags.
 
   dapple_train --model_fn=my_net:model_fn --input_fn=my_net:input_fn --scope_depth=1 \
       --global_batch_size=32 --steps=100        # a Keras model, no markers
+
+An Estimator-style --model_fn(features, labels, mode, params) is called in TRAIN mode and names its optimizer,
+global step and clipping in dapple_tf.minimize (a TF1 script ported as in the user guide's "Porting a training
+script"); --optimizer and --learning_rate do not apply to it.
 """
 
 import dataclasses
@@ -42,7 +46,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Reference model (mlp, vgg19, resnet50, bert, gnmt).")
 flags.DEFINE_string("config", "tiny", "Reference model config: tiny or paper.")
 flags.DEFINE_string("model_flags", "", "Reference model overrides, key=value,key=value.")
-flags.DEFINE_string("model_fn", None, "A user's model: package.module:function(features, labels) -> loss.")
+flags.DEFINE_string("model_fn", None, "A user's model: package.module:function(features, labels) -> loss, or an "
+                    "Estimator model_fn(features, labels, mode, params) calling dapple_tf.minimize.")
 flags.DEFINE_string("input_fn", None, "A user's input: package.module:function(step, batch_size) -> "
                     "(features, labels), numpy arrays or tensors (dapple_tf/model/inputs.py).")
 user_model.define_scope_flags()
@@ -69,8 +74,11 @@ flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")
 flags.DEFINE_integer("log_every", 10, "Progress line every this many steps.")
 flags.DEFINE_integer("summary_every", 10, "Summaries (loss, samples/s, step time, peak memory) every this many steps.")
 flags.DEFINE_integer("eval_every", 0, "Held-out loss through the single-device graph every this many steps (0: off).")
-flags.DEFINE_enum("optimizer", "sgd", ["sgd", "momentum", "adam"], "Optimizer.")
-flags.DEFINE_float("learning_rate", 0.01, "Learning rate.")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "momentum", "adam"], "Optimizer (not for an Estimator-style "
+                  "--model_fn, whose dapple_tf.minimize names its own).")
+flags.DEFINE_float("learning_rate", 0.01, "Learning rate (with --optimizer).")
+flags.DEFINE_float("clip_global_norm", None, "Clip the full-batch gradients by their global norm, as "
+                   "tf.clip_by_global_norm (default: no clipping).")
 flags.DEFINE_integer("seed", 0, "Random seed (initial weights, synthetic data).")
 flags.DEFINE_float("failure_timeout", 30, "On a cluster: a step or a task that does not answer ends training within "
                    "this (s); a task whose process is gone, within seconds.")
@@ -90,6 +98,8 @@ def main(argv):
         raise ValueError("--model_fn needs --input_fn (package.module:function(step, batch_size))")
     if not (FLAGS.global_batch_size or FLAGS.plan):
         raise ValueError("--global_batch_size is required (or a --plan file that says it)")
+    if FLAGS.clip_global_norm is not None and FLAGS.clip_global_norm <= 0:
+        raise ValueError(f"--clip_global_norm must be > 0, got {FLAGS.clip_global_norm}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # CPU devices then report peak memory
     from scripts.workflows import train as train_run

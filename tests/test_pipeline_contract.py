@@ -177,7 +177,7 @@ def test_lookup_table_created_in_a_layer():
 def test_boundary_tensor_without_a_batch_dimension_is_refused():
     def model_fn(features, labels):
         with dapple_tf.layer("flatten"):
-            rows = tf.reshape(features, [-1, 2])  # [batch * 3, 2]: not batch-major
+            rows = tf.reshape(tf.transpose(features), [-1, 2])  # [3 * batch, 2], samples interleaved in the rows
         with dapple_tf.layer("head"):
             return tf.reduce_mean(tf.tanh(rows))
 

@@ -239,10 +239,9 @@ def test_trainer_forwards_batch_norm_to_build_pipeline():
 
     x, y = data(4)
     plan = dapple_tf.Plan.from_stages([("block1", "block1", [cpu(0), cpu(1)]), ("block2", "head", [cpu(2)])], 1)
-    trainer = Trainer(conv_bn_model_fn, lambda step: (tf.constant(x), tf.constant(y)),
-                      tf.compat.v1.train.GradientDescentOptimizer(LR), plan, batch_norm="global")
     with pytest.raises(DappleError, match=r"batch_norm must be one of \('per_slice', 'sync'\), got 'global'"):
-        trainer.train(1)
+        Trainer(conv_bn_model_fn, lambda step: (tf.constant(x), tf.constant(y)),
+                tf.compat.v1.train.GradientDescentOptimizer(LR), plan, batch_norm="global")
 
 
 def cond_bn_model_fn(features, labels):

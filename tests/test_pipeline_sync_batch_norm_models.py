@@ -68,14 +68,11 @@ def test_keras_batch_normalization_with_sync_trains_like_accumulated_micro_batch
     assert max_difference(want_weights, sliced_weights) > 1e-2
 
 
-def test_estimator_model_fn_forwards_batch_norm(tmp_path):
-    tf_estimator = pytest.importorskip("tensorflow_estimator").estimator
+def test_estimator_model_fn_forwards_batch_norm():
+    pytest.importorskip("tensorflow_estimator")
     from dapple_tf.frontends import estimator as dapple_estimator
 
-    x, y = images(4, 2)
     plan = dapple_tf.Plan.from_stages([("conv", "conv", [cpu(0), cpu(1)]), ("head", "head", [cpu(2)])], 1)
-    model_fn = dapple_estimator.model_fn(keras_bn_model_fn, lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
-                                         plan, batch_norm="global")
-    estimator = tf_estimator.Estimator(model_fn, config=tf_estimator.RunConfig(model_dir=str(tmp_path)))
     with pytest.raises(dapple_tf.DappleError, match=r"batch_norm must be one of \('per_slice', 'sync'\)"):
-        estimator.train(lambda: tf.data.Dataset.from_tensors((x, y % 3)).repeat(), max_steps=1)
+        dapple_estimator.model_fn(keras_bn_model_fn, lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                  batch_norm="global")

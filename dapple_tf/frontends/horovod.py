@@ -13,12 +13,13 @@ then are the copies set from them (handle.broadcast_op). Plans come from planner
 Horovod is imported here only (TF 2.15 environment): other modules never import this one.
 """
 
+import dataclasses
 from typing import Optional
 
 import tensorflow as tf
 
 from dapple_tf.rewrite.options import PipelineOptions
-from dapple_tf.errors import PlanError
+from dapple_tf.errors import DappleError, PlanError
 from dapple_tf.rewrite.pipeline import build_pipeline
 from dapple_tf.plan import Plan
 from planner.planning import horovod_plan
@@ -68,7 +69,7 @@ class HorovodPipeline:
     def local_slice(self, global_batch):
         """This process's contiguous slice of a global batch (a nest of tensors with a known batch size)."""
         def cut(tensor):
-            total = tensor.shape[0]
+            total = tf.compat.dimension_value(tensor.shape[0])
             if total is None or total % self.size:
                 raise PlanError(f"the global batch ({total}) must be a known multiple of the {self.size} processes")
             share = total // self.size
@@ -76,14 +77,18 @@ class HorovodPipeline:
         return tf.nest.map_structure(cut, global_batch)
 
     def build(self, model_fn, features, labels, optimizer, schedule: Optional[str] = None, global_step=None,
-              global_batch_size: int = 0, batch_norm: str = "per_slice", layers=None):
+              global_batch_size: int = 0, batch_norm: str = "per_slice", layers=None,
+              options: Optional[PipelineOptions] = None):
         """build_pipeline on this process's batch; gradients averaged over processes by batch share.
-        batch_norm="sync" synchronizes a stage's replicas in this process only (statistics per process)."""
+        batch_norm="sync" synchronizes a stage's replicas in this process only (statistics per process).
+        options: a PipelineOptions instead of schedule and batch_norm (its cross_process_reduce is set here)."""
         local = int(tf.nest.flatten(features)[0].shape[0])
         share = local / (global_batch_size or local * self.size)
+        if options is not None and (schedule is not None or batch_norm != "per_slice"):
+            raise DappleError("give schedule and batch_norm in options=PipelineOptions(...), not beside it")
+        options = options or PipelineOptions(schedule=schedule, batch_norm=batch_norm)
         return build_pipeline(model_fn, features, labels, optimizer, self.plan,
-                              PipelineOptions(schedule=schedule, batch_norm=batch_norm,
-                                              cross_process_reduce=cross_process_reduce(share)),
+                              dataclasses.replace(options, cross_process_reduce=cross_process_reduce(share)),
                               global_step=global_step, layers=layers)
 
     def broadcast_hook(self, handle) -> tf.compat.v1.train.SessionRunHook:

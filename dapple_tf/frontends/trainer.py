@@ -35,7 +35,9 @@ from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.model import inputs
 from dapple_tf.cluster.servers import ClusterError, TFCluster, failed_tasks, session_config
 from dapple_tf.errors import DappleError
+from dapple_tf.model import minimize as minimize_lib
 from dapple_tf.model.layers import LayerRecorder
+from dapple_tf.rewrite import outputs as outputs_lib
 from dapple_tf.rewrite.pipeline import build_pipeline
 from dapple_tf.trace.step_stats import peak_bytes_per_device
 from dapple_tf.trace.hook import TraceHook
@@ -83,10 +85,14 @@ class Trainer:
                  eval_input_fn: Optional[Callable] = None, cluster: Optional[TFCluster] = None,
                  options: Optional[TrainerOptions] = None, config: Optional[tf.compat.v1.ConfigProto] = None,
                  log=None, horovod=None, batch_norm: str = "per_slice", simulated=None,
-                 batch_size: Optional[int] = None, layers=None):
-        """simulated: the planner's SimulationResult of this plan, drawn under the traced step's timeline.
+                 batch_size: Optional[int] = None, layers=None, pipeline_options: Optional[PipelineOptions] = None):
+        """model_fn: build_pipeline's, or an Estimator-style model_fn(features, labels, mode, params) whose TRAIN
+        spec's train_op comes from dapple_tf.minimize (then optimizer=None).
+        simulated: the planner's SimulationResult of this plan, drawn under the traced step's timeline.
         batch_size: what a two-argument input_fn(step, batch_size) gets (default: the plan's global batch).
-        layers: build_pipeline's (None: dapple_tf.layer markers; dapple_tf.layers_by_scope(...))."""
+        layers: build_pipeline's (None: dapple_tf.layer markers; dapple_tf.layers_by_scope(...)).
+        pipeline_options: build_pipeline's PipelineOptions (clipping, stage functions, ...), instead of schedule
+        and batch_norm."""
         self.model_fn, self.input_fn, self.plan = model_fn, input_fn, plan
         self.optimizer = optimizer
         self.model_dir, self.hooks, self.schedule = model_dir, list(hooks), schedule
@@ -95,6 +101,9 @@ class Trainer:
         self.config = config
         self.horovod = horovod  # a dapple_tf.frontends.horovod.HorovodPipeline: input_fn gives this process's slice
         self.batch_norm = batch_norm  # build_pipeline's batch_norm
+        if pipeline_options is not None and (schedule is not None or batch_norm != "per_slice"):
+            raise DappleError("give schedule and batch_norm in pipeline_options=PipelineOptions(...), not beside it")
+        self.pipeline_options = pipeline_options or PipelineOptions(schedule=schedule, batch_norm=batch_norm)
         self.simulated = simulated
         self.log = log or (lambda text: print(text, flush=True))
         self.batch_size = batch_size or getattr(plan, "global_batch_size", None) or None
@@ -111,6 +120,8 @@ class Trainer:
         return self.config
 
     def _optimizer(self):
+        if self.optimizer is None or isinstance(self.optimizer, tf.compat.v1.train.Optimizer):
+            return self.optimizer
         return self.optimizer() if callable(self.optimizer) else self.optimizer
 
     def train(self, steps: int) -> TrainResult:
@@ -123,14 +134,13 @@ class Trainer:
                 tf.compat.v1.set_random_seed(self.options.seed)
             global_step = tf.compat.v1.train.get_or_create_global_step()
             features, labels = self._batch(self.input_fn, global_step)
+            model_fn = minimize_lib.training_model_fn(self.model_fn)
             if self.horovod is not None:
-                handle = self.horovod.build(self.model_fn, features, labels, self._optimizer(),
-                                            schedule=self.schedule, global_step=global_step, batch_norm=self.batch_norm,
-                                            layers=self.layers)
+                handle = self.horovod.build(model_fn, features, labels, self._optimizer(),
+                                            global_step=global_step, layers=self.layers, options=self.pipeline_options)
             else:
-                handle = build_pipeline(self.model_fn, features, labels, self._optimizer(), self.plan,
-                                        PipelineOptions(schedule=self.schedule, batch_norm=self.batch_norm),
-                                        global_step=global_step, layers=self.layers)
+                handle = build_pipeline(model_fn, features, labels, self._optimizer(), self.plan,
+                                        self.pipeline_options, global_step=global_step, layers=self.layers)
             eval_loss = self._eval_loss(graph, global_step) if self.eval_input_fn else None
             batch = _batch_size(features)
             saver = tf.compat.v1.train.Saver(max_to_keep=self.options.keep_checkpoints)
@@ -152,8 +162,12 @@ class Trainer:
                     hooks=hooks, scaffold=scaffold, master=self.cluster.target if self.cluster else "",
                     config=handle.session_config(self._session_config()), checkpoint_dir=self.model_dir,
                 ) as sess:
+                    checked = False
                     while not sess.should_stop():
                         sess.run(handle.train_op)
+                        if not checked:
+                            _check_step_advanced(sess.raw_session().run(global_step), progress.first_step)
+                            checked = True
             except CLUSTER_FAILURES as e:
                 raise self._failure(e, progress) from None
             finally:
@@ -166,7 +180,11 @@ class Trainer:
         with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True), \
                 LayerRecorder(graph).activate(), tf.name_scope("dapple_eval"):
             features, labels = self._batch(self.eval_input_fn, global_step)
-            loss = tf.convert_to_tensor(self.model_fn(features, labels))
+            if minimize_lib.is_estimator_style(self.model_fn):
+                loss = minimize_lib.call_estimator_style(self.model_fn, features, labels, "eval").loss
+            else:
+                loss = self.model_fn(features, labels)
+            loss = tf.convert_to_tensor(outputs_lib.split_model_result(loss)[0])
         created = [v.op.name for v in tf.compat.v1.global_variables() if v not in before]
         if created:
             raise DappleError(
@@ -208,9 +226,18 @@ class Trainer:
         return ClusterError(self._lost_text(failed_tasks(self.cluster), progress, error))
 
 
+def _check_step_advanced(step: int, first_step: int) -> None:
+    """A train op that does not advance global_step would train forever."""
+    if step == first_step:
+        raise DappleError(
+            "the training step did not advance global_step: pass global_step to dapple_tf.minimize (its optimizer "
+            "then advances it, as apply_gradients does), or advance it in model_fn after minimize's op, as TF1 "
+            "BERT does for its AdamW")
+
+
 def _batch_size(features) -> int:
     first = tf.nest.flatten(features)[0]
-    if first.shape.rank and first.shape[0] is not None:
+    if first.shape.rank and tf.compat.dimension_value(first.shape[0]) is not None:
         return int(first.shape[0])
     raise DappleError("input_fn must return features with a known batch dimension (the global batch)")
 

@@ -36,9 +36,10 @@ Two rules keep one layer per model layer, both decided from the graph, not from 
   `_keras_scopes_recorded`), the variables' scope is the only one joining it and the computing scope
   creates no variable: TF names a scope entered again, or a name already taken, `<name>_<k>`, so the
   second unnamed Dense ("dense_1") builds in "dense_1_1" and computes in "dense_1_2", and is "dense_1"
-  (as in Keras 2). Otherwise the computing scope's name stays (Keras 3's Dropout computes in its
-  own scope with the variable of a `seed_generator` scope; a Keras 3 functional model at depth 1
-  keeps its call scope's name, `functional_1`: the variables of all its layers join it). While ops
+  (as in Keras 2). Every other layer is named by its scope with each component Keras 3 opened
+  replaced by the Keras name it opened it for: a model's call scope "bert_backbone_1_2" and its
+  layer's "token_embedding_1" make "bert_backbone/token_embedding", whatever TF made unique in
+  this graph before (a name two layers would share keeps its scope's name). While ops
   are created (placement), a computing scope takes the layer of a variables-only scope when its
   first op reads those variables or when the same Keras 3 layer opened both. Keras 2's functional
   models, which also apply their layers to the `keras.Input` placeholders, count only the ops the
@@ -163,10 +164,10 @@ class ScopeRecorder:
                 self._provisional[name] = self._provisional[shared]
                 self._variables_only.pop(shared)
                 if not self._same_keras_layer(shared, name):  # as _finish names it: after the computing scope
-                    self._provisional_names[self._provisional[name]] = name
+                    self._provisional_names[self._provisional[name]] = self._keras_name(name)
             else:
                 self._provisional[name] = len(self._provisional_names)
-                self._provisional_names.append(self._keras_name(name) if made_by_variable else name)
+                self._provisional_names.append(self._keras_name(name))
                 if made_by_variable:
                     self._variables_only[name] = None
         elif not made_by_variable:
@@ -199,10 +200,14 @@ class ScopeRecorder:
 
     def _keras_name(self, scope: str) -> str:
         """A scope named by Keras 3's own name scopes where Keras opened them: TF names a name scope entered
-        again `<name>_<k>` ("dense_1_1" for the Keras layer "dense_1" when "dense_1" was taken)."""
+        again `<name>_<k>` ("dense_1_1" for the Keras layer "dense_1" when "dense_1" was taken). A name Keras
+        made up while recording counts from the names of this graph's models (`_GraphNames`), not from those
+        of models built before in the process."""
+        counters = _KERAS_NAMES.get(self.graph)
+        made_up = counters.made_up if counters is not None else {}
         parts = scope.split("/")
-        return "/".join(self._keras_scopes.get("/".join(parts[:i + 1]), (None, part))[1]
-                        for i, part in enumerate(parts))
+        keras = [self._keras_scopes.get("/".join(parts[:i + 1]), (None, None))[1] for i in range(len(parts))]
+        return "/".join(part if name is None else made_up.get(name, name) for part, name in zip(parts, keras))
 
     def _scopes(self):
         return self.graph.get_name_scope(), tf.compat.v1.get_variable_scope().name
@@ -328,11 +333,15 @@ class ScopeRecorder:
         renamed = {computing: self._keras_name(created_in[0]) for computing, created_in in guests.items()
                    if len(created_in) == 1 and computing not in creating
                    and self._same_keras_layer(created_in[0], computing)}
-        taken = {name for name in index if name not in renamed}
-        for computing, name in renamed.items():  # Keras 3: the layer's own name, the scope of its variables
-            if name not in taken:
-                names[computing] = name
-                taken.add(name)
+        taken = set()
+        for scope in index:  # Keras 3: each scope by the Keras names of the scopes Keras opened, in layer order
+            for name in (renamed.get(scope), self._keras_name(scope), scope):
+                if name is not None and name not in taken:
+                    break
+            else:
+                name = next(f"{scope}_{k}" for k in range(1, len(index) + 2) if f"{scope}_{k}" not in taken)
+            names[scope] = name
+            taken.add(name)
         created = set(self._created)
         for op in self._created:  # creation order: producers first
             if op not in layer_of:
@@ -364,6 +373,24 @@ def _keras_state():
     return state if state is not None and hasattr(state, "get_global_attribute") else None
 
 
+class _GraphNames(collections.defaultdict):
+    """Keras 3's name counters while building in one graph (name -> names given), starting from the names taken
+    outside recordings. `made_up`: each name Keras gave while recording -> the name it would have had had no
+    model been built before in the process ("bert_backbone_3" -> "bert_backbone" for this graph's first)."""
+
+    def __init__(self):
+        super().__init__(int)
+        self.start: Dict[str, int] = {}
+        self.made_up: Dict[str, str] = {}
+
+    def __setitem__(self, name, count):  # keras.src.utils.naming.uniquify: counters[name] += 1
+        given = count - 1
+        if given >= 0 and count > self.get(name, 0):
+            ours = given - self.start.get(name, 0)
+            self.made_up[name if given == 0 else f"{name}_{given}"] = name if ours <= 0 else f"{name}_{ours}"
+        super().__setitem__(name, count)
+
+
 _KERAS_NAMES = weakref.WeakKeyDictionary()  # graph -> Keras 3's name counters while building in it
 _OUTSIDE = threading.local()  # .taken: counts of the names Keras 3 gave outside recordings; .left; .depth
 
@@ -390,9 +417,11 @@ def _keras_names_per_graph(graph: tf.Graph):
             if count != left.get(name, 0):
                 taken[name] = max(taken.get(name, 0), count)
         _OUTSIDE.taken = taken
-    own = _KERAS_NAMES.setdefault(graph, collections.defaultdict(int))
+    own = _KERAS_NAMES.setdefault(graph, _GraphNames())
     for name, count in _OUTSIDE.taken.items():
-        own[name] = max(own[name], count)
+        if count > own.get(name, 0):
+            dict.__setitem__(own, name, count)  # taken outside: not made up here
+            own.start[name] = max(own.start.get(name, 0), count)
     state.set_global_attribute("object_name_uids", own)
     _OUTSIDE.depth = getattr(_OUTSIDE, "depth", 0) + 1
     try:

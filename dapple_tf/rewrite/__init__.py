@@ -13,7 +13,8 @@
    order (for dapple-batched-w, after stacking each stage's weight gradients over its micro-batches);
 6. gradients and AllReduce (gradients.py, collectives.py): accumulation over micro-batches, then sums
    across the replicas in buckets;
-7. apply (pipeline.py, replicas.py, batch_norm.py): the optimizer's step on every copy, UPDATE_OPS once per step.
+7. apply (gradient_transforms.py, apply_step.py, pipeline.py, replicas.py, batch_norm.py): clipping and the
+   gradient function, the optimizer's step on every copy, UPDATE_OPS once per step.
 Analyses the passes consult: normalization.py and sync_batch_norm.py (batch statistics), random_ops.py,
 outputs.py (extra outputs), graph_walk.py.
 """

@@ -118,13 +118,14 @@ def exchange_sum(grads_per_device: Dict[str, List[tf.Tensor]], pack_bytes: int =
         with tf.device(d):
             buffers[d] = [_buffer([grads_per_device[d][i] for i in g]) for g in groups]
     total = sum(b.shape.num_elements() for b in buffers[devices[0]])
-    counts = [n if b.shape.rank and b.shape.num_elements() * n > total and b.shape[0] >= n else 1
-              for b in buffers[devices[0]]]
+    rows = [tf.compat.dimension_value(b.shape[0]) if b.shape.rank else 0 for b in buffers[devices[0]]]
+    counts = [n if r and b.shape.num_elements() * n > total and r >= n else 1
+              for b, r in zip(buffers[devices[0]], rows)]
     pieces = {}
     for d in devices:
         with tf.device(d):
-            pieces[d] = [p for b, c in zip(buffers[d], counts)
-                         for p in (tf.split(b, list(slice_sizes(b.shape[0], c))) if c > 1 else [b])]
+            pieces[d] = [p for b, c, r in zip(buffers[d], counts, rows)
+                         for p in (tf.split(b, list(slice_sizes(r, c))) if c > 1 else [b])]
     sums = []
     for k, o in enumerate(_owners([p.shape.num_elements() for p in pieces[devices[0]]], n)):
         with tf.device(devices[o]):

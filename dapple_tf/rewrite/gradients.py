@@ -28,7 +28,11 @@ Key = Tuple[tf.Variable, str]  # (variable, device)
 
 
 class GradientAccumulator:
-    def __init__(self):
+    def __init__(self, square_sparse: bool = False):
+        """square_sparse: also keep, per key summed from gathered rows alone, the sum of the squares of every
+        gradient's rows (what tf.clip_by_global_norm counts of IndexedSlices: `sparse_squares`)."""
+        self._square_sparse = square_sparse
+        self.sparse_squares: Dict[Key, tf.Tensor] = {}
         self.sums: Dict[Key, tf.Tensor] = {}
         self.row_counts: Dict[Key, tf.Tensor] = {}  # for keys whose every gradient so far was sparse
         self._dense: set = set()  # keys that got a dense gradient at least once
@@ -41,14 +45,19 @@ class GradientAccumulator:
         """Adds one backward task's gradient (a Tensor or IndexedSlices) on `device`."""
         key = (variable, device)
         if isinstance(grad, tf.IndexedSlices) and key not in self._dense:
-            rows = variable.shape[0]
+            rows = tf.compat.dimension_value(variable.shape[0])
             counts = tf.math.unsorted_segment_sum(
                 tf.ones_like(grad.indices, dtype=variable.dtype.base_dtype), grad.indices, rows
             )
             self.row_counts[key] = counts if key not in self.row_counts else self.row_counts[key] + counts
+            if self._square_sparse:
+                squares = tf.reduce_sum(tf.square(grad.values))
+                self.sparse_squares[key] = squares if key not in self.sparse_squares else \
+                    self.sparse_squares[key] + squares
         else:
             self._dense.add(key)
             self.row_counts.pop(key, None)
+            self.sparse_squares.pop(key, None)
         dense = tf.convert_to_tensor(grad)
         dense.set_shape(variable.shape)  # gradients through control flow may lose it
         self.last_gradient[key] = dense
@@ -74,6 +83,7 @@ class GradientAccumulator:
         key = (variable, device)
         self._dense.add(key)
         self.row_counts.pop(key, None)
+        self.sparse_squares.pop(key, None)
         self.parts.pop(key, None)
         self.sum_ops.pop(key, None)
         total.set_shape(variable.shape)
@@ -97,6 +107,15 @@ class GradientAccumulator:
 
     def is_sparse(self, variable: tf.Variable, devices) -> bool:
         return all((variable, d) in self.row_counts for d in devices)
+
+    def squares_of_sparse(self) -> Dict[tf.Variable, Dict[str, tf.Tensor]]:
+        """Variable -> device -> the sum of the squares of its gathered rows there, for variables whose every
+        gradient on every device was gathered rows (square_sparse=True)."""
+        out: Dict[tf.Variable, Dict[str, tf.Tensor]] = {}
+        for variable, devices in self.devices_of().items():
+            if all((variable, d) in self.sparse_squares for d in devices):
+                out[variable] = {d: self.sparse_squares[(variable, d)] for d in devices}
+        return out
 
 
 def _as_slices(dense: tf.Tensor, counts: tf.Tensor) -> tf.IndexedSlices:

@@ -7,6 +7,7 @@ calls) attached. `private_copy` makes one clone's copy: the functions renamed (T
 of functional control flow rewrite the forward functions under names derived from the
 originals, so clones sharing them would collide), and random ops with a fixed seed given a
 seed of the clone's own (else every micro-batch and replica would draw the same dropout mask).
+A stage's control flow v1 contexts go with its GraphDef, for its clones (v1_control_flow.py).
 """
 
 import dataclasses
@@ -15,12 +16,15 @@ from typing import Dict, List, Sequence, Set
 import tensorflow as tf
 from tensorflow.core.framework import function_pb2
 
+from dapple_tf.rewrite import v1_control_flow
+
 
 @dataclasses.dataclass
 class StageGraphDef:
     graph_def: tf.compat.v1.GraphDef
     function_names: Set[str]  # functions the stage calls, directly or not
     seeded: bool  # some random op has a fixed (non-zero) seed
+    contexts: List[object] = dataclasses.field(default_factory=list)  # control flow v1 (v1_control_flow.py)
 
 
 def tensor_name(graph_def_input: str) -> str:
@@ -83,7 +87,8 @@ def stage_graph_defs(graph: tf.Graph, stage_ops: Sequence[Sequence[tf.Operation]
         for name in sorted(functions):
             out.library.function.add().CopyFrom(library[name])
         nodes_everywhere = list(out.node) + [n for f in out.library.function for n in f.node_def]
-        result.append(StageGraphDef(out, functions, any(_seeded(n) for n in nodes_everywhere)))
+        result.append(StageGraphDef(out, functions, any(_seeded(n) for n in nodes_everywhere),
+                                    v1_control_flow.export(ops)))
     return result
 
 

@@ -1,6 +1,7 @@
-"""Walking a graph upstream: whether an op depends on any of some ops; the ops some ops depend on within a set."""
+"""Walking a graph: whether an op depends on any of some ops; the ops some ops depend on (within a set, or in
+creation order); the ops reachable from some ops."""
 
-from typing import Collection, Sequence, Set
+from typing import Collection, List, Sequence, Set
 
 import tensorflow as tf
 
@@ -33,3 +34,28 @@ def ancestors_within(ops: Sequence[tf.Operation], within: Collection[tf.Operatio
         if control:
             stack.extend(c for c in op.control_inputs if c in within)
     return found
+
+
+def descendants(starts: Sequence[tf.Operation], stop_types: Collection[str] = ()) -> Set[tf.Operation]:
+    """`starts` and every op reachable from them through data edges, not entering ops of `stop_types`."""
+    seen, stack = set(), list(starts)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(c for out in op.outputs for c in out.consumers() if c.type not in stop_types)
+    return seen
+
+
+def ancestors_in_order(ops: Sequence[tf.Operation], keep) -> List[tf.Operation]:
+    """The ops `ops` compute from through data edges (not `ops` themselves), walking only through ops for which
+    `keep(op)` holds, in creation order (a topological order)."""
+    seen, stack = set(), [t.op for op in ops for t in op.inputs]
+    while stack:
+        op = stack.pop()
+        if op in seen or not keep(op):
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+    return sorted(seen, key=lambda o: o._id)  # pylint: disable=protected-access

@@ -41,13 +41,13 @@ TRAINING_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 REDUCTIONS = ("Mean", "Sum")
 _CHANNEL_AXIS = {"NHWC": -1, "NDHWC": -1, "NCHW": 1, "NCDHW": 1}
 _SAMPLE = "<sample>"
-_ELEMENTWISE = {
+ELEMENTWISE = {
     "Identity", "Cast", "StopGradient", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Neg",
     "Square", "Sqrt", "Rsqrt", "Exp", "Log", "Abs", "Reciprocal", "Softplus", "Add", "AddV2", "Sub", "Mul",
     "RealDiv", "Div", "DivNoNan", "Maximum", "Minimum", "SquaredDifference", "Pow", "BiasAdd", "CheckNumerics",
     "ClipByValue", "Erf",
 }
-_ELEMENTWISE |= {
+ELEMENTWISE |= {
     "Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
     "SelectV2", "FloorDiv", "FloorMod", "Mod", "Floor", "Ceil", "Round", "Sign", "Softsign", "Sin", "Cos",
     "Log1p", "Expm1", "Gelu", "Swish", "IsFinite", "AddN", "ZerosLike", "OnesLike",
@@ -180,8 +180,8 @@ class SampleAxes:
         kind = op.type
         if kind in TRAINING_NORMS:
             return self.of(op.inputs[0], depth) if tensor.value_index == 0 else None
-        if kind in _ELEMENTWISE or kind in _SAME_SHAPE:
-            inputs = list(op.inputs) if kind in _ELEMENTWISE else list(op.inputs[:1])
+        if kind in ELEMENTWISE or kind in _SAME_SHAPE:
+            inputs = list(op.inputs) if kind in ELEMENTWISE else list(op.inputs[:1])
             inner = self._all(inputs, depth)
             if inner is None or any(t.shape.rank is None for t in inputs):
                 return None

@@ -39,6 +39,13 @@ class PipelineOptions:
         (tasks.input_gradients_first). False leaves each backward in TensorFlow's own order, as DAPPLE's
         runtime did: the baseline the zero-bubble schedules are measured against (stages cloned per
         micro-batch only: a stage function's backward is a B call, then a W call).
+    clip_global_norm: clip the full-batch gradients (accumulated over micro-batches, summed over replicas) by
+        their global norm over every stage's variables before the apply step, as
+        `tf.clip_by_global_norm(tf.gradients(loss, tvars), c)` does on one device (gradient_transforms.py);
+        PipelineHandle.global_norm is the norm before clipping. None: no clipping.
+    gradient_fn: fn([(gradient, variable)]) -> [(gradient, variable)], run once per step on the full-batch
+        gradients of the user's variables (after clipping), for what a script does between its gradients and
+        apply_gradients (per-variable scaling, clipping by value, noise); it must return each variable it got.
     """
 
     schedule: Optional[str] = None
@@ -48,8 +55,15 @@ class PipelineOptions:
     stage_functions: Optional[bool] = None
     cross_process_reduce: Optional[Callable] = None
     input_gradients_first: bool = True
+    clip_global_norm: Optional[float] = None
+    gradient_fn: Optional[Callable] = None
 
     def __post_init__(self):
+        if self.clip_global_norm is not None and not (isinstance(self.clip_global_norm, (int, float))
+                                                      and self.clip_global_norm > 0):
+            raise DappleError(f"clip_global_norm must be a number > 0, got {self.clip_global_norm!r}")
+        if self.gradient_fn is not None and not callable(self.gradient_fn):
+            raise DappleError(f"gradient_fn must be a function of [(gradient, variable)], got {self.gradient_fn!r}")
         if self.batch_norm not in BATCH_NORM_MODES:
             raise DappleError(f"batch_norm must be one of {BATCH_NORM_MODES}, got {self.batch_norm!r}")
         if self.schedule is not None and self.schedule not in SCHEDULE_KINDS:

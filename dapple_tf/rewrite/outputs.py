@@ -66,7 +66,7 @@ def classify(name: str, tensor: tf.Tensor, input_names, batch_dependent) -> Extr
                 "scalar output must be a floating-point mean over the samples (cast it before the mean)"
             )
         return ExtraOutput(name, tensor, MEAN)
-    if rank is not None and tensor.shape[0] is None:
+    if rank is not None and tf.compat.dimension_value(tensor.shape[0]) is None:
         return ExtraOutput(name, tensor, BATCH)
     raise DappleError(
         f"extra output {name!r} ({tensor.name}) has shape {tensor.shape}: an output computed from the batch must have "
@@ -76,7 +76,7 @@ def classify(name: str, tensor: tf.Tensor, input_names, batch_dependent) -> Extr
 
 
 def check_clone_rows(extra: ExtraOutput, clone_tensor: tf.Tensor, rows: int) -> None:
-    if clone_tensor.shape.rank and clone_tensor.shape[0] is not None and clone_tensor.shape[0] != rows:
+    if clone_tensor.shape.rank and tf.compat.dimension_value(clone_tensor.shape[0]) not in (None, rows):
         raise DappleError(
             f"extra output {extra.name!r} ({extra.tensor.name}) has {clone_tensor.shape[0]} rows for a slice of "
             f"{rows} samples: its leading dimension is not the batch"

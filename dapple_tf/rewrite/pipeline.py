@@ -11,8 +11,9 @@ Passes, in order (paper section 5):
    with grad_ys from later stages; variable gradients are accumulated as a running sum;
 4. schedule: control edges make each device run its tasks in the planner.formats.schedule order (tasks.py);
 5. update: AllReduce of the accumulated gradients across the devices holding each variable, in
-   buckets that start during the last micro-batch's backward (gradients.py, collectives.py), then
-   one apply step of the user's optimizer on every copy (replicas.py).
+   buckets that start during the last micro-batch's backward (gradients.py, collectives.py), clipping
+   and the gradient function (gradient_transforms.py), then one apply step of the user's optimizer on
+   every copy (apply_step.py); the optimizer may come from dapple_tf.minimize in model_fn (minimize.py).
 """
 
 import dataclasses
@@ -22,9 +23,10 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.eager import context
 
-from dapple_tf.rewrite import (batch_norm as batch_norm_lib, collectives, gradients, outputs as outputs_lib,
-                               random_ops, stage_function, template as template_lib)
+from dapple_tf.rewrite import (apply_step, batch_norm as batch_norm_lib, collectives, gradient_transforms, gradients,
+                               outputs as outputs_lib, random_ops, stage_function, template as template_lib)
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
+from dapple_tf.model import minimize as minimize_lib
 from dapple_tf.model.graph_mode import require_graph_mode
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
@@ -58,6 +60,7 @@ class PipelineHandle:
     input_gradient_op_names: Dict[Tuple[str, Task, int], Tuple[str, ...]] = dataclasses.field(default_factory=dict)
     function_fallbacks: Dict[int, str] = dataclasses.field(default_factory=dict)  # stage -> why not a function call
     function_call_ops: Tuple[tf.Operation, ...] = ()  # the calls of the stages built as functions
+    global_norm: Optional[tf.Tensor] = None  # with clip_global_norm: the gradients' global norm before clipping
 
     def session_config(self, config: Optional[tf.compat.v1.ConfigProto] = None) -> Optional[tf.compat.v1.ConfigProto]:
         """The config to run this pipeline with: where stages run as functions and nothing else in the graph calls
@@ -74,7 +77,8 @@ class PipelineHandle:
         return out
 
 
-def _as_plan(plan) -> Plan:
+def as_plan(plan) -> Plan:
+    """A dapple_tf.Plan from a Plan, a plan proto or a plan file's path."""
     if isinstance(plan, Plan):
         return plan
     if isinstance(plan, plan_pb2.Plan):
@@ -119,18 +123,21 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     """Builds the DAPPLE training graph of `model_fn` for `plan` in the default graph.
 
     model_fn(features, labels) -> scalar mean loss, or (loss, {name: tensor}) with extra outputs
-    (batch-leading tensors or scalar means: handle.outputs), with layers marked by dapple_tf.layer; features
-    and labels are the global batch (tensors or nests of tensors, leading dimension = batch);
-    optimizer a tf.compat.v1.train.Optimizer; plan a dapple_tf.Plan, a plan proto or a plan file;
+    (batch-leading tensors or scalar means: handle.outputs), or an EstimatorSpec whose train_op comes from
+    dapple_tf.minimize; layers marked by dapple_tf.layer; features and labels are the global batch (tensors
+    or nests of tensors, leading dimension = batch);
+    optimizer a tf.compat.v1.train.Optimizer, or None when model_fn calls dapple_tf.minimize;
+    plan a dapple_tf.Plan, a plan proto or a plan file;
     options a dapple_tf.PipelineOptions (schedule, re-computation, batch norm, AllReduce buckets, stage
-    functions; default PipelineOptions());
+    functions, gradient clipping; default PipelineOptions());
     layers: None (dapple_tf.layer markers) or dapple_tf.layers_by_scope(...) (the model's name scopes).
     Returns a PipelineHandle.
     """
     require_graph_mode("build_pipeline")
     options, plan = _check_inputs(optimizer, plan, options)
     graph = tf.compat.v1.get_default_graph()
-    template, created = _trace_template(graph, model_fn, features, labels, plan, layers)
+    template, created, model_train = _trace_template(graph, model_fn, features, labels, plan, layers)
+    optimizer, options, global_step = _training(model_train, optimizer, options, global_step)
     layout = PipelineLayout.of(plan, template, options.schedule, options.recompute)
     random_ops.warn_per_slice(template.stages, layout)
     trainable = set(tf.compat.v1.trainable_variables())
@@ -140,7 +147,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     updates = batch_norm_lib.prepare(template, created, layout, sync)
     builder = StageBuilder(graph, template, layout, copies, trainable, sync_keys=keys if sync else None,
                            stage_functions=options.stage_functions, sync_statistics=updates.synchronized,
-                           input_gradients_first=options.input_gradients_first)
+                           input_gradients_first=options.input_gradients_first,
+                           square_sparse=options.clip_global_norm is not None)
     builder.build_forward()
     builder.build_backward()
     builder.chain()
@@ -148,13 +156,13 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     update_ops = updates.build(builder.combined, layout.stages[-1].devices[0])
     with tf.device(layout.stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
-    train_op, grads_and_vars, allreduce_op_names = _reduce_and_apply(
-        graph, builder, copies, keys, optimizer, options, global_step, update_ops)
-    initializer, local_init, broadcast = _initializers(graph, copies, optimizer)
+    step = _reduce_and_apply(graph, builder, copies, keys, optimizer, options, global_step, update_ops,
+                             layout.stages[-1].devices[0])
+    initializer, local_init, broadcast = _initializers(graph, copies, step.slot_pairs)
     return PipelineHandle(
-        train_op=train_op,
+        train_op=model_train.run_after(step.train_op) if model_train.request else step.train_op,
         loss=loss_mean,
-        grads_and_vars=grads_and_vars,
+        grads_and_vars=step.grads_and_vars,
         schedule=layout.schedule,
         stages=layout.stages,
         micro_batch_size=layout.micro_batch_size,
@@ -165,9 +173,10 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
         input_gradient_op_names=builder.task_op_names(input_gradients=True),
         outputs=extra_outputs,
         update_ops=update_ops,
-        allreduce_op_names=allreduce_op_names,
+        allreduce_op_names=step.allreduce_op_names,
         function_fallbacks=dict(builder.function_fallbacks),
         function_call_ops=builder.function_call_ops(),
+        global_norm=step.global_norm,
     )
 
 
@@ -176,25 +185,45 @@ def _check_inputs(optimizer, plan, options: Optional[PipelineOptions]) -> Tuple[
     options = options or PipelineOptions()
     if not isinstance(options, PipelineOptions):
         raise DappleError(f"options must be a dapple_tf.PipelineOptions, got {type(options).__name__}")
-    plan = _as_plan(plan)
+    plan = as_plan(plan)
+    if optimizer is not None:
+        check_optimizer(optimizer)
+    plan = plan.with_devices(canonical_device)  # one spelling per device: duplicates are caught
+    _check_devices(plan.devices)
+    return options, plan
+
+
+_KERAS_TO_V1 = {"Adam": "AdamOptimizer", "SGD": "GradientDescentOptimizer or MomentumOptimizer",
+                "RMSprop": "RMSPropOptimizer", "Adagrad": "AdagradOptimizer", "Adadelta": "AdadeltaOptimizer",
+                "Ftrl": "FtrlOptimizer"}
+
+
+def check_optimizer(optimizer) -> None:
+    """A tf.compat.v1.train.Optimizer, or a DappleError saying which one to use instead."""
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        kind = type(optimizer)
+        if "keras" in kind.__module__ or any("keras" in b.__module__ for b in kind.__mro__):
+            v1 = _KERAS_TO_V1.get(kind.__name__)
+            instead = (f"tf.compat.v1.train.{v1}" if v1 else "the tf.compat.v1.train optimizer of the same rule (or "
+                       "a tf.compat.v1.train.Optimizer subclass: AdamW as in examples/bert_tf1/optimization.py)")
+            raise DappleError(
+                f"optimizer is a Keras optimizer ({kind.__module__}.{kind.__name__}); the pipeline applies the "
+                f"gradients itself in graph mode with a tf.compat.v1.train.Optimizer: use {instead}")
         raise DappleError(
-            f"optimizer must be a tf.compat.v1.train.Optimizer (graph mode), got {type(optimizer).__name__}"
+            f"optimizer must be a tf.compat.v1.train.Optimizer (graph mode), got {kind.__name__}"
         )
     if type(optimizer).__module__.startswith("horovod."):
         raise DappleError(
             "hvd.DistributedOptimizer cannot be given to build_pipeline (it all-reduces in compute_gradients, which "
             "the pipeline never calls): pass the plain optimizer and use dapple_tf.frontends.horovod.build_pipeline"
         )
-    plan = plan.with_devices(canonical_device)  # one spelling per device: duplicates are caught
-    _check_devices(plan.devices)
-    return options, plan
 
 
 def _trace_template(graph: tf.Graph, model_fn, features, labels, plan: Plan, layers
-                    ) -> Tuple[template_lib.Template, Set[tf.Operation]]:
+                    ) -> Tuple[template_lib.Template, Set[tf.Operation], minimize_lib.ModelTraining]:
     """model_fn called once on placeholders like the global batch, with its layers recorded, cut into the
-    plan's stages (template.py). Returns the template and the operations model_fn created."""
+    plan's stages (template.py). Returns the template, the operations model_fn created and how it asked to be
+    trained (dapple_tf.minimize, an EstimatorSpec's train_op)."""
     structure = (features, labels)
     flat = [None if t is None else tf.convert_to_tensor(t) for t in tf.nest.flatten(structure)]
     inputs = template_lib.template_inputs([t for t in flat if t is not None])
@@ -207,8 +236,9 @@ def _trace_template(graph: tf.Graph, model_fn, features, labels, plan: Plan, lay
     placer = _LayerPlacer(plan)
     recorder = layers.recorder(graph, placer) if layers is not None else LayerRecorder(graph, device_for_layer=placer)
     first_model_op = len(graph.get_operations())
-    with recorder.activate():
-        loss, extras = outputs_lib.split_model_result(model_fn(template_features, template_labels))
+    with recorder.activate(), minimize_lib.trace(graph) as requests:
+        result, spec_train_op = minimize_lib.spec_parts(model_fn(template_features, template_labels))
+    loss, extras = outputs_lib.split_model_result(result)
     if not recorder.layers:
         raise LayerMarkerError("model_fn marked no layers; wrap each layer in `with dapple_tf.layer(name):`")
     loss = tf.convert_to_tensor(loss)
@@ -219,13 +249,49 @@ def _trace_template(graph: tf.Graph, model_fn, features, labels, plan: Plan, lay
     created = set(graph.get_operations()[first_model_op:])
     stages = plan.resolve(recorder.names)
     variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
-    return template_lib.analyze(loss, inputs, recorder.layers, stages, variables, extras), created
+    model_train = minimize_lib.ModelTraining.of(requests, loss, spec_train_op,
+                                                {graph.get_tensor_by_name(p).op for p in inputs})
+    return template_lib.analyze(loss, inputs, recorder.layers, stages, variables, extras), created, model_train
+
+
+def _training(model_train: minimize_lib.ModelTraining, optimizer, options: PipelineOptions, global_step):
+    """(optimizer, options, the global_step apply_gradients gets) from build_pipeline's arguments and what model_fn
+    asked of dapple_tf.minimize (then its global_step, as the script's apply_gradients had it)."""
+    request = model_train.request
+    if request is None:
+        if optimizer is None:
+            raise DappleError("build_pipeline got no optimizer (None) and model_fn did not call dapple_tf.minimize: "
+                              "pass a tf.compat.v1.train.Optimizer, or call dapple_tf.minimize in model_fn")
+        return optimizer, options, global_step
+    if optimizer is not None:
+        raise DappleError("model_fn called dapple_tf.minimize with its own optimizer and build_pipeline got one too: "
+                          "pass optimizer=None (the Trainer and dapple_train do when model_fn calls minimize)")
+    check_optimizer(request.optimizer)
+    changes = {}
+    for field in ("clip_global_norm", "gradient_fn"):
+        asked, given = getattr(request, field), getattr(options, field)
+        if asked is not None and given is not None and asked != given:
+            raise DappleError(f"{field} is {asked!r} in dapple_tf.minimize and {given!r} in PipelineOptions: "
+                              "set it in one place")
+        if asked is not None:
+            changes[field] = asked
+    options = dataclasses.replace(options, **changes) if changes else options
+    return request.optimizer, options, request.global_step  # what the script gives apply_gradients, as on one device
+
+
+@dataclasses.dataclass
+class _Step:
+    train_op: tf.Operation
+    grads_and_vars: List[Tuple[tf.Tensor, tf.Variable]]  # the averaged gradients, before clipping
+    allreduce_op_names: Tuple[str, ...]
+    slot_pairs: List[Tuple[tf.Variable, tf.Variable]]  # (user's slot, copy's slot)
+    global_norm: Optional[tf.Tensor]
 
 
 def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCopies, keys, optimizer,
-                      options: PipelineOptions, global_step, update_ops: List[tf.Operation]):
-    """AllReduce of the accumulated gradients (gradients.py), then the optimizer's step on every copy.
-    Returns (train_op, the averaged gradients and variables, the names of the all-reduce operations)."""
+                      options: PipelineOptions, global_step, update_ops: List[tf.Operation], norm_device: str) -> _Step:
+    """AllReduce of the accumulated gradients (gradients.py), clipping and the gradient function
+    (gradient_transforms.py), then the optimizer's step on every copy (apply_step.py)."""
     # The first collective on every device waits for the stale-copy check, so a failing check stops the
     # step with its own message, not with the collectives it would otherwise cancel mid-flight.
     stale_copy_check = copies.stale_copy_check()
@@ -236,15 +302,22 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     allreduce_op_names = tuple(op.name for op in graph.get_operations()[first_reduce_op:])
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
-    with tf.control_dependencies([stale_copy_check]):
-        apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
-    train_op = tf.group(apply_op, *update_ops, name="dapple_train") if update_ops else apply_op
-    return train_op, grads_and_vars, allreduce_op_names
+    sparse_squares = builder.accumulator.squares_of_sparse()
+    if options.clip_global_norm is not None and options.cross_process_reduce is not None and sparse_squares:
+        raise DappleError(
+            f"clip_global_norm with gradients of gathered rows ({sorted(v.op.name for v in sparse_squares)}) is not "
+            "supported across Horovod processes (tf.clip_by_global_norm counts every gathered row, which each "
+            "process holds only its own of)")
+    apply_pairs, norm = gradient_transforms.transform(
+        grads_and_vars, apply_pairs, copies.copies_of, options.clip_global_norm, options.gradient_fn, norm_device,
+        sparse_squares, tf.compat.v1.trainable_variables())
+    applied = apply_step.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check)
+    train_op = tf.group(applied.apply_op, *update_ops, name="dapple_train") if update_ops else applied.apply_op
+    return _Step(train_op, grads_and_vars, allreduce_op_names, applied.slot_pairs, norm)
 
 
-def _initializers(graph: tf.Graph, copies: VariableCopies, optimizer):
+def _initializers(graph: tf.Graph, copies: VariableCopies, slot_pairs):
     """(initializer, local_init_op, broadcast_op) of the PipelineHandle; the local init joins LOCAL_INIT_OP."""
-    slot_pairs = copies.localize_slots(optimizer)
     broadcast = copies.broadcast_op(slot_pairs)
     local_init = _after_local_init(copies, slot_pairs, "dapple_local_init")
     with tf.control_dependencies([tf.compat.v1.global_variables_initializer()]):

@@ -15,6 +15,7 @@ a seed get one here, at build time, shared by both clones. Operations that chang
 run (assignments, tf.random.Generator draws) would run twice: a stage holding one is refused.
 """
 
+import dataclasses
 import random
 from typing import Dict, Sequence, Tuple
 
@@ -22,6 +23,7 @@ import tensorflow as tf
 
 from dapple_tf.rewrite import graph_defs as graph_defs_lib
 from dapple_tf.errors import DappleError, PlanError
+from dapple_tf.rewrite import v1_control_flow
 from dapple_tf.rewrite.template import BOUNDARY, StageTemplate
 
 # Operations whose second run would not repeat the first (they write state or advance a generator).
@@ -78,7 +80,7 @@ def with_fixed_seeds(stage: graph_defs_lib.StageGraphDef, rng: random.Random) ->
         return stage
     copy = tf.compat.v1.GraphDef()
     copy.CopyFrom(stage.graph_def)
-    result = graph_defs_lib.StageGraphDef(copy, stage.function_names, True)
+    result = dataclasses.replace(stage, graph_def=copy, seeded=True)
     for node in _random_nodes(result):
         if node.attr["seed"].i == 0 and node.attr["seed2"].i == 0:
             node.attr["seed"].i = rng.randrange(1, 2**31 - 1)
@@ -92,6 +94,7 @@ def recomputed_clone(
     wanted: Sequence[str],
     name: str,
     extra_feed: Dict[str, tf.Tensor] = None,
+    contexts=(),
 ) -> Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]:
     """Imports the stage again (call inside the backward task's capture and device scope), fed by
     the tensors the forward clone was fed (and `extra_feed`: sync batch norm's instance keys).
@@ -106,5 +109,5 @@ def recomputed_clone(
         for key, t in forward_inputs.items()
     }
     input_map = {**feed, **(extra_feed or {})}
-    results = tf.compat.v1.import_graph_def(graph_def, input_map=input_map, return_elements=list(wanted), name=name)
+    results = v1_control_flow.import_clone(graph_def, list(contexts), input_map, list(wanted), name)
     return feed, dict(zip(wanted, results))

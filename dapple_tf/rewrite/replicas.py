@@ -2,16 +2,16 @@
 
 The user's variable is the copy on its own device (the stage's first device, where the template
 placed it); the other devices get local copies. Copies (and their optimizer slots) live in
-LOCAL_VARIABLES, so checkpoints hold exactly the single-device model's variables. Every copy
-applies the same all-reduced gradient; `broadcast_op` sets copies (and slots) from the user's
-variables after initialization or a restore; `stale_copy_check` catches a restore that skipped it.
+LOCAL_VARIABLES (apply_step.py moves the copies' optimizer slots there), so checkpoints hold exactly the
+single-device model's variables. Every copy applies the same all-reduced gradient; `broadcast_op` sets copies
+(and slots) from the user's variables after initialization or a restore; `stale_copy_check` catches a restore
+that skipped it.
 """
 
 from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
-_GLOBAL = tf.compat.v1.GraphKeys.GLOBAL_VARIABLES
 _LOCAL = tf.compat.v1.GraphKeys.LOCAL_VARIABLES
 
 
@@ -47,6 +47,7 @@ class VariableCopies:
                     collections=[_LOCAL],
                     name=f"{variable.op.name}/dapple_copy",
                     use_resource=True,
+                    constraint=variable.constraint,  # the optimizer applies it to the copy as to the variable
                 )
         return copies[device].handle
 
@@ -57,23 +58,6 @@ class VariableCopies:
     def extra_copies(self) -> List[Tuple[tf.Variable, tf.Variable]]:
         """(user's variable, copy) for every copy that is not the user's variable."""
         return [(v, c) for v, copies in self._copies.items() for c in copies.values() if c is not v]
-
-    def localize_slots(self, optimizer) -> List[Tuple[tf.Variable, tf.Variable]]:
-        """Moves the optimizer slots of copies into LOCAL_VARIABLES; returns (user slot, copy slot)."""
-        pairs = []
-        graph = tf.compat.v1.get_default_graph()
-        global_vars = graph.get_collection_ref(_GLOBAL)
-        for variable, copy in self.extra_copies():
-            for name in optimizer.get_slot_names():
-                user_slot, copy_slot = optimizer.get_slot(variable, name), optimizer.get_slot(copy, name)
-                if copy_slot is None:
-                    continue
-                if copy_slot in global_vars:
-                    global_vars.remove(copy_slot)
-                    graph.add_to_collection(_LOCAL, copy_slot)
-                if user_slot is not None:
-                    pairs.append((user_slot, copy_slot))
-        return pairs
 
     def broadcast_op(self, slot_pairs=()) -> tf.Operation:
         """Assigns every copy (and copy slot) the value of its user variable."""

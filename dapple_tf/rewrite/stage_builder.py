@@ -27,13 +27,13 @@ from typing import Dict, List, Sequence, Tuple
 import tensorflow as tf
 
 from dapple_tf.rewrite import (collectives, graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib,
-                               recompute as recompute_lib, stage_function, sync_batch_norm, tasks)
+                               recompute as recompute_lib, stage_function, sync_batch_norm, tasks, v1_control_flow)
 from dapple_tf.errors import DappleError, PlanError
 from dapple_tf.rewrite.gradients import GradientAccumulator
 from dapple_tf.rewrite.layout import PipelineLayout
 from dapple_tf.rewrite import weight_batching
 from dapple_tf.rewrite.replicas import VariableCopies
-from dapple_tf.rewrite.template import BOUNDARY, EXTERNAL, INPUT, VARIABLE, Template
+from dapple_tf.rewrite.template import BOUNDARY, EXTERNAL, INPUT, SHAPE, VARIABLE, Template, leading_dimension
 from planner.formats.schedule import BACKWARD, BATCHED_W, FORWARD, Task
 
 
@@ -61,15 +61,24 @@ def _wanted(stage, extras: bool = True) -> List[str]:
     return wanted
 
 
-def _check_batch_major(name: str, stage: int, producers: List[tf.Tensor], sizes) -> None:
-    """Each producer replica's clone of `name` must have as many rows as its slice has samples."""
-    for i, (t, rows) in enumerate(zip(producers, sizes)):
-        if t.shape.rank is not None and t.shape[0] is not None and t.shape[0] != rows:
+def _check_rows(name: str, stage: int, producers: List[tf.Tensor], sizes, rows_per_sample: int) -> None:
+    """Each producer replica's clone of `name` must have rows_per_sample rows per sample of its slice."""
+    for i, (t, samples) in enumerate(zip(producers, sizes)):
+        if leading_dimension(t) not in (None, samples * rows_per_sample):
             raise DappleError(
                 f"{name} leaves stage {stage} and is split by samples, but its first dimension is not the batch: "
-                f"replica {i}'s slice of {rows} samples makes it {t.shape}; give it a leading batch dimension "
+                f"replica {i}'s slice of {samples} samples makes it {t.shape}; give it a leading batch dimension "
                 "before the stage boundary, or move the boundary"
             )
+
+
+def _checked_rows(name: str, stage: int, t: tf.Tensor, samples: int) -> tf.Tensor:
+    """`t`, once its first dimension is checked to have a row per sample of its slice (when the step runs)."""
+    check = tf.debugging.assert_equal(
+        tf.shape(t)[0], samples, message=f"{name} leaves stage {stage} and is split by samples, but its first "
+        "dimension is not the batch: give it a leading batch dimension before the stage boundary, or move the boundary")
+    with tf.control_dependencies([check]):
+        return tf.identity(t)
 
 
 class StageBuilder:
@@ -86,6 +95,7 @@ class StageBuilder:
         stage_functions: bool = None,
         sync_statistics: Sequence[Dict[str, object]] = None,
         input_gradients_first: bool = True,
+        square_sparse: bool = False,
     ):
         """layout: the stages' slices, M, the schedule and which stages recompute;
         sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys;
@@ -93,7 +103,8 @@ class StageBuilder:
         None: every training-mode fused norm).
         stage_functions: build stages as functions (stage_function.py) where they can be: True, False, or None
         (when the clones would be large).
-        input_gradients_first: each backward task runs its input gradients first (PipelineOptions)."""
+        input_gradients_first: each backward task runs its input gradients first (PipelineOptions).
+        square_sparse: the accumulator keeps the squares of gathered rows' gradients (global-norm clipping)."""
         if not input_gradients_first and (layout.schedule.splits_backward or layout.schedule.kind == BATCHED_W):
             raise PlanError(f"schedule {layout.schedule.kind!r} splits every backward into input and weight "
                             "gradients: input_gradients_first=False applies to schedules dapple, gpipe and interleaved")
@@ -106,10 +117,12 @@ class StageBuilder:
         self.task_ops = tasks.TaskOps(graph)
         self.clones: Dict[Tuple[int, int, int], _Clone] = {}
         self.weighted_losses: List[tf.Tensor] = []
-        self.accumulator = GradientAccumulator()
+        self.accumulator = GradientAccumulator(square_sparse)
         # (stage, micro-batch, replica, output name) -> [(first row, gradient piece)] per consumer stage
         self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, tf.Tensor]]]] = {}
         self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
+        self._rows_per_sample: Dict[Tuple[int, str], int] = {}  # (stage, output name) cut into row ranges -> k
+        self._rows_per_sample_unproven: Dict[Tuple[int, str], bool] = {}  # k = 1 taken, checked when the step runs
         self._sizes = [layout.slice_sizes(s) for s in range(len(template.stages))]
         self._sync_keys = sync_keys
         self._sync_statistics = sync_statistics
@@ -176,10 +189,8 @@ class StageBuilder:
                         else:
                             graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}", clone_id)
                             input_map = dict(feed, **self._sync_feed(sync_base))
-                            results = tf.compat.v1.import_graph_def(
-                                graph_def, input_map=input_map, return_elements=wanted,
-                                name=f"dapple/stage{s}/mb{m}/r{j}"
-                            )
+                            results = v1_control_flow.import_clone(graph_def, graph_defs[s].contexts, input_map,
+                                                                   wanted, f"dapple/stage{s}/mb{m}/r{j}")
                             by_name = dict(zip(wanted, results))
                     clone = _Clone(inputs=feed, outputs={t.name: by_name[t.name] for t in stage.outputs}, salt=clone_id,
                                    env=env)
@@ -252,16 +263,36 @@ class StageBuilder:
             return self.copies.handle_for(variable, device)
         if ext.kind == EXTERNAL:
             return ext.tensor
+        if ext.kind == SHAPE:  # read at this clone's slice size
+            return tf.constant(self.template.shapes.value(ext.tensor, size), name="shape_value")
         p = ext.producer_stage
         producers = [self.clones[(p, m, i)].outputs[ext.tensor.name] for i in range(len(self._sizes[p]))]
+        same_samples = [i for i, (first, n) in enumerate(zip(microbatch.offsets(self._sizes[p]), self._sizes[p]))
+                        if (first, n) == (start, size)]
         if not ext.batch_major:
             received = producers[0]
+        elif same_samples:  # a producer replica had exactly this slice: its tensor whole, whatever its row layout
+            received = producers[same_samples[0]]
         else:
-            _check_batch_major(ext.tensor.name, p, producers, self._sizes[p])
-            received = microbatch.concat_rows(microbatch.gather_rows(producers, self._sizes[p], start, size))
+            k = self._row_blocks(ext, p, producers)
+            if self._rows_per_sample_unproven.get((p, ext.tensor.name)):
+                producers = [_checked_rows(ext.tensor.name, p, t, n) for t, n in zip(producers, self._sizes[p])]
+            received = microbatch.concat_rows(
+                microbatch.gather_rows(producers, [n * k for n in self._sizes[p]], start * k, size * k))
         # A tensor of this task's own, so that the gradient w.r.t. it covers only this clone's paths
         # (not a path through another boundary tensor the same producer computed from it).
         return tf.identity(received)
+
+    def _row_blocks(self, ext, p: int, producers: List[tf.Tensor]) -> int:
+        """Rows per sample of a batch-major boundary tensor cut into row ranges: proven from its ops
+        (sample_rows.py), else one, as its first dimension has as many rows as the slice has samples."""
+        key = (p, ext.tensor.name)
+        if key not in self._rows_per_sample:
+            k = self.template.rows.rows_per_sample(ext.tensor)
+            _check_rows(ext.tensor.name, p, producers, self._sizes[p], k or 1)
+            self._rows_per_sample[key] = k or 1
+            self._rows_per_sample_unproven[key] = k is None and any(leading_dimension(t) is None for t in producers)
+        return self._rows_per_sample[key]
 
     def extra_outputs(self) -> Dict[str, tf.Tensor]:
         """model_fn's extra outputs, each combined over micro-batches and replicas (outputs.py)."""
@@ -299,7 +330,7 @@ class StageBuilder:
             self._recompute_sync_bases[(s, m)] = self._sync_base(s)
         feed, outputs = recompute_lib.recomputed_clone(
             stage, graph_def, forward.inputs, wanted, name=f"dapple/stage{s}/mb{m}/r{j}/recompute",
-            extra_feed=self._sync_feed(self._recompute_sync_bases[(s, m)]),
+            extra_feed=self._sync_feed(self._recompute_sync_bases[(s, m)]), contexts=self._graph_defs[s].contexts,
         )
         loss = outputs.pop(stage.loss.name) if stage.loss is not None else None
         return _Clone(inputs=feed, outputs=outputs, loss=loss, salt=forward.salt)
@@ -396,8 +427,9 @@ class StageBuilder:
         sizes = self._sizes[s]
         start = microbatch.offsets(sizes)[j]
         producer_offsets = microbatch.offsets(self._sizes[p])
+        k = self._rows_per_sample.get((p, ext.tensor.name), 1)
         for i, row, count in microbatch.overlapping_blocks(self._sizes[p], start, sizes[j]):
-            piece = grad if count == sizes[j] else grad[row : row + count]
+            piece = grad if count == sizes[j] else grad[row * k : (row + count) * k]
             first_row = start + row - producer_offsets[i]
             self._grad_pieces.setdefault((p, m, i, ext.tensor.name), {}).setdefault(s, []).append((first_row, piece))
 

@@ -218,7 +218,7 @@ def rewrite(stage: graph_defs_lib.StageGraphDef, index: int, devices: Sequence[s
             rank, axes = reduction
             replacement = _reduction_graph(node, rank, axes, len(devices), group_key, hint, KEYS_PER_NORM * k)
             _splice(out, node, replacement, ("x", "axes"), ["y"], [node.attr["T"].type])
-    result = graph_defs_lib.StageGraphDef(out, stage.function_names, stage.seeded)
+    result = dataclasses.replace(stage, graph_def=out)
     return SyncedStage(result, KEYS_PER_NORM * len(nodes))
 
 

@@ -19,6 +19,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from dapple_tf.rewrite import v1_control_flow
 from dapple_tf.rewrite.graph_walk import ancestors_within
 from planner.formats.schedule import FORWARD, WEIGHT, Task
 
@@ -71,9 +72,8 @@ class TaskOps:
             inputs_done = tf.group(*[g.op for g in input_grads], name=f"input_grads_{key[0]}_stage{key[0].stage}")
         ops.append(inputs_done)
         for op in weight_only:
-            # ops inside a tf.while_loop frame (v1 control flow) cannot wait for an op outside it; their frame's
-            # entry ops wait instead
-            if not any(t.op in weight_only for t in op.inputs) and op._control_flow_context is None:  # pylint: disable=protected-access
+            # ops inside a TF1 while loop's frame cannot wait for an op outside it; the loop's Enter ops wait instead
+            if not any(t.op in weight_only for t in op.inputs) and v1_control_flow.may_wait_outside(op):
                 op._add_control_inputs([inputs_done])  # pylint: disable=protected-access
 
     def split_weight_task(self, key: TaskKey, input_grads: Sequence[tf.Tensor]) -> None:
@@ -93,8 +93,10 @@ class TaskOps:
 
 
 def _entry_ops(ops: Sequence[tf.Operation]) -> List[tf.Operation]:
+    """The ops of a task with no data input from the task, in the step's own frame (an op inside a TF1 loop
+    cannot wait for one outside it; the loop's Enter ops can)."""
     own = set(ops)
-    return [op for op in ops if not any(t.op in own for t in op.inputs)]
+    return [op for op in ops if not any(t.op in own for t in op.inputs) and v1_control_flow.may_wait_outside(op)]
 
 
 def chain(task_ops: TaskOps, device_tasks: Sequence[Task], replica: int, device: str) -> None:
@@ -109,4 +111,5 @@ def chain(task_ops: TaskOps, device_tasks: Sequence[Task], replica: int, device:
             for op in _entry_ops(ops):
                 op._add_control_inputs([previous_done])  # pylint: disable=protected-access
         with tf.device(device), tf.control_dependencies(None):
-            previous_done = tf.group(*ops, name=f"done_{task.kind}{task.micro_batch}_stage{task.stage}_r{replica}")
+            previous_done = tf.group(*[op for op in ops if v1_control_flow.frame_of(op) is None],
+                                     name=f"done_{task.kind}{task.micro_batch}_stage{task.stage}_r{replica}")

@@ -9,9 +9,12 @@ and classifies every tensor a stage consumes from outside itself:
 - INPUT: a global-batch input (features/labels), sliced per micro-batch and replica;
 - BOUNDARY: produced by an earlier stage (batch-major: split/concat; otherwise broadcast);
 - VARIABLE: a resource variable handle, mapped to the variable copy on the replica's device;
+- SHAPE: the output of `tf.shape` (`tf.size`, `tf.rank`) of an earlier stage's batched tensor: the stage
+  computes it for its own slice size (shape_values.py), and copies into itself the operations of other
+  stages that compute from such shapes alone (`batch_size = tf.shape(x)[0]` read once and used everywhere);
 - EXTERNAL: anything else that does not depend on the inputs (a constant built outside the
   layers), used as it is.
-Nothing here runs the graph.
+Shapes are read as TF1 and TF2 TensorShapes alike (`tf.compat.dimension_value`). Nothing here runs the graph.
 """
 
 import dataclasses
@@ -19,12 +22,12 @@ from typing import Dict, List, Mapping, Sequence, Set
 
 import tensorflow as tf
 
-from dapple_tf.rewrite import outputs as outputs_lib
+from dapple_tf.rewrite import graph_walk, outputs as outputs_lib, sample_rows, shape_values, v1_control_flow
 from dapple_tf.errors import DappleError, LayerMarkerError
 from dapple_tf.model.layers import LayerRecord
 from dapple_tf.plan import ResolvedStage
 
-INPUT, BOUNDARY, VARIABLE, EXTERNAL = "input", "boundary", "variable", "external"
+INPUT, BOUNDARY, VARIABLE, SHAPE, EXTERNAL = "input", "boundary", "variable", "shape", "external"
 _VARIABLE_OPS = ("VarHandleOp",)
 _REF_VARIABLE_OPS = ("VariableV2", "Variable")
 
@@ -35,7 +38,7 @@ class ExternalTensor:
 
     tensor: tf.Tensor
     kind: str
-    producer_stage: int = -1  # BOUNDARY: the stage that computes it
+    producer_stage: int = -1  # BOUNDARY: the stage that computes it (SHAPE: the stage of the shape's source)
     batch_major: bool = True  # BOUNDARY/INPUT: first dimension is the batch
 
 
@@ -58,33 +61,30 @@ class Template:
     global_batch_size: int
     variable_of_handle: Dict[str, tf.Variable]  # handle tensor name -> variable
     extras: List[outputs_lib.ExtraOutput] = dataclasses.field(default_factory=list)
-
-
-def _op_set_reachable_from(starts: Sequence[tf.Operation]) -> Set[tf.Operation]:
-    seen, stack = set(), list(starts)
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        for out in op.outputs:
-            stack.extend(out.consumers())
-    return seen
+    shapes: shape_values.ShapeValues = None  # the SHAPE externals' values per slice size
+    rows: sample_rows.SampleRows = None  # rows per sample of batch-major tensors, where proven
 
 
 def _is_shared_resource(op: tf.Operation, batch_dependent) -> bool:
-    """An op creating a resource (a lookup table, ...) the stages share rather than clone."""
-    return op not in batch_dependent and any(t.dtype == tf.resource for t in op.outputs)
+    """An op creating a resource (a lookup table, ...) the stages share rather than clone; not one passing a
+    resource on (a TF1 while loop's Enter of a variable's handle, which each clone needs of its own copy)."""
+    return (op not in batch_dependent and any(t.dtype == tf.resource for t in op.outputs)
+            and not any(t.dtype == tf.resource for t in op.inputs))
+
+
+def leading_dimension(t: tf.Tensor):
+    """The static first dimension of `t` as an int, None where unknown (TF1 and TF2 TensorShapes alike)."""
+    return tf.compat.dimension_value(t.shape[0]) if t.shape.rank else None
 
 
 def _global_batch_size(inputs: Sequence[tf.Tensor]) -> int:
     sizes = set()
     for t in inputs:
-        if t.shape.rank is None or t.shape[0] is None:
+        if t.shape.rank is None or leading_dimension(t) is None:
             raise DappleError(
                 f"input {t.name} has shape {t.shape}; features and labels need a static leading batch dimension"
             )
-        sizes.add(int(t.shape[0]))
+        sizes.add(leading_dimension(t))
     if len(sizes) != 1:
         raise DappleError(f"features and labels disagree on the global batch size: {sorted(sizes)}")
     return sizes.pop()
@@ -116,6 +116,7 @@ class _Graph:
     input_ops: Set[tf.Operation]
     input_names: Set[str]
     batch_dependent: Set[tf.Operation]  # ops computed from the inputs
+    shape_only: Set[tf.Operation]  # of those, the ones computed from the inputs' shapes alone (shape_values.py)
     handle_names: Dict[str, tf.Variable]  # variable handle tensor name -> variable
 
 
@@ -126,12 +127,14 @@ def _lookups(graph: tf.Graph, inputs: Dict[str, tf.Tensor], layers: Sequence[Lay
         for index in range(stage.first_layer, stage.last_layer + 1):
             stage_of_layer[index] = stage.index
     input_ops = {graph.get_tensor_by_name(name).op for name in inputs}
+    batch_dependent = graph_walk.descendants(list(input_ops))
     return _Graph(
         stage_of_layer=stage_of_layer,
         layer_of_op={op: record.index for record in layers for op in record.ops},
         input_ops=input_ops,
         input_names=set(inputs),
-        batch_dependent=_op_set_reachable_from(list(input_ops)),
+        batch_dependent=batch_dependent,
+        shape_only=shape_values.shape_only_ops(input_ops, batch_dependent),
         handle_names={v.handle.name: v for v in variables if hasattr(v, "handle")},
     )
 
@@ -152,8 +155,9 @@ def _stage_ops(loss: tf.Tensor, pulled: Sequence[outputs_lib.ExtraOutput], num_s
     inputs, variables, shared resources (lookup tables) and input-independent ops outside the
     layers. Ops outside the layers that read variables are cloned into each stage using them,
     so that every replica reads its own variable copy. The `pulled` extra outputs' ops join the
-    stage that pulls them."""
-    reads_variables = _op_set_reachable_from([op for op in loss.graph.get_operations() if op.type in _VARIABLE_OPS])
+    stage that pulls them. A later stage using what an earlier stage computes from shapes alone gets its
+    own copy of those ops, down to the shape-reading ops (SHAPE externals)."""
+    reads_variables = graph_walk.descendants([op for op in loss.graph.get_operations() if op.type in _VARIABLE_OPS])
     stage_ops: List[Set[tf.Operation]] = [set() for _ in range(num_stages)]
     # The loss's walk comes first (on top of the stack): ops outside the layers on its path are errors.
     stack = [(e.tensor.op, e.stage, True) for e in pulled] + [(loss.op, num_stages - 1, False)]
@@ -168,6 +172,10 @@ def _stage_ops(loss: tf.Tensor, pulled: Sequence[outputs_lib.ExtraOutput], num_s
             continue
         if op in g.layer_of_op:
             s = g.stage_of_layer[g.layer_of_op[op]]
+            if op in g.shape_only and s < pulling_stage:
+                if op.type in shape_values.SHAPE_READING_OPS:
+                    continue  # SHAPE: the pulling stage reads the shape at its own slice size
+                s = pulling_stage
         elif op in g.batch_dependent and for_extra:
             s = pulling_stage
         elif op in g.batch_dependent:
@@ -184,6 +192,7 @@ def _stage_ops(loss: tf.Tensor, pulled: Sequence[outputs_lib.ExtraOutput], num_s
         stage_ops[s].add(op)
         stack.extend((t.op, s, for_extra) for t in op.inputs)
         stack.extend((c, s, for_extra) for c in op.control_inputs)
+        stack.extend((e, s, for_extra) for e in v1_control_flow.loop_exits(op))
     return stage_ops
 
 
@@ -206,7 +215,7 @@ def _boundary(op: tf.Operation, t: tf.Tensor, s: int, producer: int, g: _Graph) 
             "layers must be marked in the order they compute"
         )
     major = t.op in g.batch_dependent
-    if major and t.shape.rank is not None and (t.shape.rank == 0 or t.shape[0] is not None):
+    if major and t.shape.rank is not None and (t.shape.rank == 0 or leading_dimension(t) is not None):
         raise DappleError(
             f"{t.name} (shape {t.shape}) crosses from stage {producer} to stage {s} and depends on the "
             "batch, but its first dimension is not the batch (a statistic over the batch, or a "
@@ -230,6 +239,8 @@ def _externals(s: int, ordered: Sequence[tf.Operation], ops: Set[tf.Operation], 
                 if t.name not in g.handle_names:
                     raise DappleError(f"{op.name} reads {t.op.name}, which is not a variable of this graph")
                 externals[t.name] = ExternalTensor(t, VARIABLE)
+            elif t.op in g.shape_only and t.op.type in shape_values.SHAPE_READING_OPS and t.op in stage_of_op:
+                externals[t.name] = ExternalTensor(t, SHAPE, producer_stage=stage_of_op[t.op], batch_major=False)
             elif t.op in stage_of_op:
                 externals[t.name] = _boundary(op, t, s, stage_of_op[t.op], g)
                 outputs_of_stage[stage_of_op[t.op]][t.name] = t
@@ -240,7 +251,11 @@ def _externals(s: int, ordered: Sequence[tf.Operation], ops: Set[tf.Operation], 
 
 def _stage_templates(stages: Sequence[ResolvedStage], stage_ops: List[Set[tf.Operation]],
                      g: _Graph) -> List[StageTemplate]:
-    stage_of_op = {op: s for s, ops in enumerate(stage_ops) for op in ops if op in g.layer_of_op}
+    # an op's stage is its layer's (ops computed from shapes alone may also be copied into later stages)
+    stage_of_op = {op: g.stage_of_layer[g.layer_of_op[op]] for ops in stage_ops for op in ops if op in g.layer_of_op}
+    for op, layer in g.layer_of_op.items():  # a shape-reading op only later stages need
+        if op in g.shape_only and op.type in shape_values.SHAPE_READING_OPS:
+            stage_of_op.setdefault(op, g.stage_of_layer[layer])
     _check_control_edges(stage_ops, stage_of_op)
     templates = []
     outputs_of_stage: List[Dict[str, tf.Tensor]] = [dict() for _ in stages]
@@ -289,10 +304,16 @@ def analyze(
     templates[-1].loss = loss
     for extra in pulled:
         templates[extra.stage].extra_outputs.append(extra.tensor)
+    crossing = {e.tensor.name: (e.producer_stage, t.stage.index) for t in templates for e in t.externals
+                if e.kind == SHAPE}
+    shapes = [e.tensor for t in templates for e in t.externals if e.kind == SHAPE]
+    placeholders = [loss.graph.get_tensor_by_name(name) for name in inputs]
     return Template(
         stages=templates,
         inputs=dict(inputs),
         global_batch_size=batch,
         variable_of_handle=g.handle_names,
         extras=extra_outputs,
+        shapes=shape_values.ShapeValues(loss.graph, placeholders, shapes, crossing),
+        rows=sample_rows.SampleRows(g.input_ops, g.batch_dependent),
     )

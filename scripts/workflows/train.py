@@ -44,6 +44,7 @@ class TrainSettings:
     trace: Optional[str] = None
     trace_step: int = 5
     worker_wait_timeout: float = 60
+    clip_global_norm: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -72,7 +73,7 @@ def model_and_inputs(s: TrainSettings, batch_size: int):
                 spec.step_input_fn(batch_size, s.seed + 1), s.model)
     from dapple_tf.model import inputs
 
-    model_fn = user_model.load_function(s.model_fn, "model_fn")
+    model_fn = user_model.load_function(s.model_fn, "model_fn")  # Estimator-style ones too (dapple_tf.minimize)
     user_input = user_model.load_function(s.input_fn, "input_fn")
     user_eval = user_model.load_function(s.eval_input_fn, "eval_input_fn") if s.eval_input_fn else None
     return (model_fn, lambda step: inputs.batch_tensors(user_input, step, batch_size),
@@ -253,11 +254,17 @@ def train(s: TrainSettings) -> int:
     else:
         plan, simulated = make_plan(s, model_fn, input_fn, name, where.devices, batch_size, layers)
     lead = not horovod or horovod.rank == 0  # under Horovod, rank 0 checkpoints, logs and traces
-    trainer = Trainer(model_fn, input_fn, lambda: make_optimizer(s), plan, s.model_dir if lead else None,
-                      schedule=s.schedule, eval_input_fn=eval_input_fn, cluster=where.cluster,
+    from dapple_tf.model import minimize
+    from dapple_tf.rewrite.options import PipelineOptions
+
+    # an Estimator-style model_fn names its optimizer in dapple_tf.minimize: --optimizer does not apply
+    optimizer = None if minimize.is_estimator_style(model_fn) else (lambda: make_optimizer(s))
+    options = PipelineOptions(schedule=s.schedule, batch_norm=s.batch_norm, clip_global_norm=s.clip_global_norm)
+    trainer = Trainer(model_fn, input_fn, optimizer, plan, s.model_dir if lead else None,
+                      eval_input_fn=eval_input_fn, cluster=where.cluster,
                       options=trainer_options(s, eval_input_fn is not None, lead), config=where.config,
-                      horovod=horovod, log=None if lead else (lambda text: None), batch_norm=s.batch_norm,
-                      simulated=simulated, layers=layers)
+                      horovod=horovod, log=None if lead else (lambda text: None), simulated=simulated, layers=layers,
+                      pipeline_options=options)
     print(f"training {name}: {len(plan.stages)} stages "
           f"({':'.join(str(len(st.devices)) for st in plan.stages)} devices), M={plan.num_micro_batches}, "
           f"global batch {batch_size}, on {where.describe(s.num_devices)}", flush=True)

@@ -1,0 +1,138 @@
+"""The user's optimizer applied to every variable copy, whatever the optimizer builds.
+
+`apply` calls `optimizer.apply_gradients` once with the (gradient, copy) pairs of every device, so that
+`global_step` advances once and shared optimizer state (Adam's beta powers) is updated once, then reads what the
+call created:
+- placement: a `tf.compat.v1.train.Optimizer` subclass may override `apply_gradients` and make its slots with
+  `get_variable` there, outside any device or colocation scope (TF1 BERT's AdamWeightDecayOptimizer). The ops it
+  created unplaced are grouped by their data edges; a group fed from one device only (its copy's handle, its
+  gradient) is placed there, slots included, instead of on the default device.
+- slots: each variable the call created for one copy alone (found through the copy's update) is a slot of that
+  copy. A copy's slots are local variables (checkpoints keep the single-device set) paired, in creation order,
+  with the user's variable's, for the broadcast after initialization and restores.
+- one update for all: the operations computing each copy's update must be those computing the user's variable's
+  (compared by op types and attributes, names aside). An optimizer that decides by variable name (weight-decay
+  exclusions) and does not recognize the copy (named `<variable>/dapple_copy`) would train the replicas apart:
+  build_pipeline refuses it, naming the variable.
+"""
+
+import dataclasses
+from typing import Dict, List, Sequence, Set, Tuple
+
+import tensorflow as tf
+
+from dapple_tf.errors import DappleError
+from dapple_tf.rewrite import graph_walk
+from dapple_tf.rewrite.replicas import VariableCopies
+
+_GLOBAL = tf.compat.v1.GraphKeys.GLOBAL_VARIABLES
+_LOCAL = tf.compat.v1.GraphKeys.LOCAL_VARIABLES
+_VARIABLE_OPS = ("VarHandleOp", "VariableV2")
+_IGNORED_ATTRS = {"_class", "shared_name", "container", "_output_shapes", "debug_name"}
+
+
+@dataclasses.dataclass
+class AppliedStep:
+    apply_op: tf.Operation
+    slot_pairs: List[Tuple[tf.Variable, tf.Variable]]  # (user's slot, copy's slot) of slots made outside get_slot
+
+
+def _handle_op(variable: tf.Variable) -> tf.Operation:
+    return variable.handle.op if hasattr(variable, "handle") else variable.op
+
+
+def _writes(created: Sequence[tf.Operation]) -> Dict[tf.Operation, List[tf.Operation]]:
+    """Variable-creating op -> the created ops that write it (resource updates take the handle first)."""
+    out: Dict[tf.Operation, List[tf.Operation]] = {}
+    for op in created:
+        if op.inputs and op.inputs[0].dtype == tf.resource and op.type not in ("ReadVariableOp",
+                                                                                 "VarIsInitializedOp"):
+            out.setdefault(op.inputs[0].op, []).append(op)
+    return out
+
+
+def _fingerprint(ops: Sequence[tf.Operation]) -> List[tuple]:
+    """What an update computes, names and reads aside (a variable with a caching device is read once, at its
+    creation; its copy where it is used)."""
+    def attrs(op):
+        return tuple(sorted((k, str(v)) for k, v in op.node_def.attr.items() if k not in _IGNORED_ATTRS))
+
+    return sorted((op.type, len(op.inputs), attrs(op)) for op in ops if op.type != "ReadVariableOp")
+
+
+def _place_unplaced(created: Sequence[tf.Operation]) -> None:
+    """Groups of unplaced, uncolocated created ops joined by data edges, fed from one device: placed there."""
+    free = [op for op in created if not op.device and op.colocation_groups() == [f"loc:@{op.name}".encode()]]
+    parent = {op: op for op in free}
+
+    def root(op):
+        while parent[op] is not op:
+            parent[op] = parent[parent[op]]
+            op = parent[op]
+        return op
+
+    for op in free:
+        for t in op.inputs:
+            if t.op in parent:
+                parent[root(t.op)] = root(op)
+    devices: Dict[tf.Operation, Set[str]] = {}
+    for op in free:
+        for t in op.inputs:
+            if t.op not in parent and t.op.device:
+                devices.setdefault(root(op), set()).add(t.op.device)
+    for op in free:
+        found = devices.get(root(op), set())
+        if len(found) == 1:
+            op._set_device(next(iter(found)))  # pylint: disable=protected-access
+
+
+def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf.Operation) -> AppliedStep:
+    """optimizer.apply_gradients(apply_pairs) after `after`; see the module docstring."""
+    graph = after.graph
+    first = len(graph.get_operations())
+    with tf.control_dependencies([after]):
+        apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
+    created_list = graph.get_operations()[first:]
+    created = set(created_list)
+    _place_unplaced(created_list)
+    writes = _writes(created_list)
+    cones = {copy: sorted(graph_walk.ancestors_within(writes.get(_handle_op(copy), []), created, control=False),
+                          key=lambda op: op._id)  # creation order  # pylint: disable=protected-access
+             for _, copy in apply_pairs}
+    return AppliedStep(apply_op, _check_and_pair(cones, copies, graph, type(optimizer).__name__))
+
+
+def _check_and_pair(cones: Dict[tf.Variable, List[tf.Operation]], copies: VariableCopies, graph: tf.Graph,
+                    optimizer_name: str):
+    """The one-update check and the (user slot, copy slot) pairs of slots the optimizer made itself."""
+    owners: Dict[tf.Operation, List[tf.Variable]] = {}
+    for variable, cone in cones.items():
+        for op in cone:
+            if op.type in _VARIABLE_OPS:
+                owners.setdefault(op, []).append(variable)
+    variables_by_op = {_handle_op(v): v for v in graph.get_collection(_GLOBAL) + graph.get_collection(_LOCAL)}
+    pairs = []
+    for user, copy in copies.extra_copies():
+        if user not in cones or copy not in cones:
+            continue
+        if _fingerprint(cones[user]) != _fingerprint(cones[copy]):
+            raise DappleError(
+                f"the optimizer ({optimizer_name}) builds a different update for {copy.op.name}, the copy of "
+                f"{user.op.name} on another device, than for the variable itself: copies must train exactly like it. "
+                "Does it decide by variable name (which variables get weight decay)? Match names with re.search (a "
+                "copy's name contains its variable's) rather than whole names or an end anchor")
+        own = [[op for op in cones[v] if op.type in _VARIABLE_OPS and owners[op] == [v]] for v in (user, copy)]
+        for user_slot_op, copy_slot_op in zip(*own):
+            user_slot, copy_slot = variables_by_op.get(user_slot_op), variables_by_op.get(copy_slot_op)
+            if user_slot is None or copy_slot is None:
+                continue
+            _make_local(graph, copy_slot)
+            pairs.append((user_slot, copy_slot))
+    return pairs
+
+
+def _make_local(graph: tf.Graph, variable: tf.Variable) -> None:
+    global_vars = graph.get_collection_ref(_GLOBAL)
+    if variable in global_vars:
+        global_vars.remove(variable)
+        graph.add_to_collection(_LOCAL, variable)

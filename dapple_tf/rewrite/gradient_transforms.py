@@ -1,0 +1,129 @@
+"""What happens to the full-batch gradients between the AllReduce and the apply step: global-norm clipping and
+the user's gradient function (PipelineOptions.clip_global_norm, .gradient_fn).
+
+Clipping equals `tf.clip_by_global_norm(tf.gradients(loss, tvars), c)` on one device: the norm spans every
+stage's variables, each counted once. Each device sums the squares of the gradients it holds (its variables'
+reduced gradients; for a gradient of gathered rows, as TF's IndexedSlices count them, the squares of every
+micro-batch's gathered rows, which the accumulator keeps per device), one scalar per device goes to the loss's
+device, and the scale (c / max(norm, c)) comes back: one scalar each way per device and step. Every apply then
+waits for every stage's gradients, as it does on one device.
+
+The gradient function sees (gradient, variable) of the user's variables, after clipping, in the order of
+tf.compat.v1.trainable_variables(); it runs once per step, where the variables' gradients are, and each copy on
+another device applies what it returned (a transfer per extra replica: clipping alone costs none).
+"""
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from dapple_tf.errors import DappleError
+
+Pairs = List[Tuple[object, tf.Variable]]
+
+
+def _scaled(grad, scale: tf.Tensor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(scale, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad * tf.cast(scale, grad.dtype)
+
+
+def _sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """A sum in a fixed order (an AddN's order moves with when its inputs arrive)."""
+    return tensors[0] if len(tensors) == 1 else tf.reduce_sum(tf.stack(list(tensors)))
+
+
+def global_norm(square_sums: Dict[str, List[tf.Tensor]], device: str) -> tf.Tensor:
+    """sqrt of the sum of squares held per device (each summed on its device first), on `device`."""
+    per_device = []
+    for d in sorted(square_sums):
+        with tf.device(d):
+            per_device.append(_sum([tf.cast(t, tf.float32) for t in square_sums[d]]))
+    with tf.device(device):
+        return tf.sqrt(_sum(per_device), name="dapple_global_norm")
+
+
+def clip_scale(norm: tf.Tensor, clip_norm: float) -> tf.Tensor:
+    """tf.clip_by_global_norm's scale: clip / max(norm, clip); NaN when the norm is not finite."""
+    with tf.device(norm.device):
+        clip = tf.constant(clip_norm, norm.dtype)
+        scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
+        return scale + (norm - norm)
+
+
+def square_sums(grads_and_vars: Pairs, sparse_squares: Dict[tf.Variable, Dict[str, tf.Tensor]]
+                ) -> Dict[str, List[tf.Tensor]]:
+    """Device -> the sums of squares it holds: a dense gradient's where it is, a sparse one's per device from
+    the accumulator (`sparse_squares`: variable -> device -> the sum of its gathered rows' squares)."""
+    out: Dict[str, List[tf.Tensor]] = {}
+    for grad, variable in grads_and_vars:
+        if variable in sparse_squares:
+            for d, squares in sparse_squares[variable].items():
+                out.setdefault(d, []).append(squares)
+            continue
+        dense = tf.convert_to_tensor(grad)
+        with tf.device(dense.device):
+            out.setdefault(dense.device, []).append(tf.reduce_sum(tf.square(dense)))
+    return out
+
+
+def clip_pairs(apply_pairs: Pairs, scale: tf.Tensor) -> Pairs:
+    """Every (gradient, copy) scaled, on the copy's gradient's device."""
+    clipped = []
+    for grad, copy in apply_pairs:
+        device = grad.values.device if isinstance(grad, tf.IndexedSlices) else grad.device
+        with tf.device(device):
+            clipped.append((_scaled(grad, tf.identity(scale)), copy))
+    return clipped
+
+
+def apply_gradient_fn(gradient_fn: Callable, grads_and_vars: Pairs, order: Sequence[tf.Variable]) -> Pairs:
+    """gradient_fn on the user's (gradient, variable) pairs in `order`; its result checked to hold each
+    variable once, with a gradient."""
+    by_variable = {id(v): (g, v) for g, v in grads_and_vars}
+    ordered = [by_variable[id(v)] for v in order if id(v) in by_variable]
+    ordered += [p for p in grads_and_vars if p not in ordered]
+    result = gradient_fn(list(ordered))
+    try:
+        result = list(result)
+    except TypeError:
+        raise DappleError(f"gradient_fn must return a list of (gradient, variable) pairs, got {type(result).__name__}"
+                          ) from None
+    seen = {}
+    for pair in result:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise DappleError(f"gradient_fn must return (gradient, variable) pairs, got {pair!r}")
+        grad, variable = pair
+        if id(variable) not in by_variable:
+            name = getattr(variable, "name", repr(variable))
+            raise DappleError(f"gradient_fn returned a gradient for {name}, which is not one of the variables it was "
+                              "given: it must return the variables it got, each once")
+        if id(variable) in seen:
+            raise DappleError(f"gradient_fn returned {variable.name} twice")
+        if grad is None:
+            raise DappleError(f"gradient_fn returned no gradient (None) for {variable.name}: return every variable "
+                              "it was given with a gradient (zeros to leave it unchanged)")
+        seen[id(variable)] = (grad, variable)
+    missing = [v.name for g, v in ordered if id(v) not in seen]
+    if missing:
+        raise DappleError(f"gradient_fn dropped the gradients of {missing}: it must return every variable it was given")
+    return [seen[id(v)] for _, v in ordered]
+
+
+def transform(grads_and_vars: Pairs, apply_pairs: Pairs, copies_of: Callable[[tf.Variable], Dict[str, tf.Variable]],
+              clip_global_norm: Optional[float], gradient_fn: Optional[Callable], norm_device: str,
+              sparse_squares, order: Sequence[tf.Variable]) -> Tuple[Pairs, Optional[tf.Tensor]]:
+    """The (gradient, copy) pairs to apply after clipping and gradient_fn, and the global norm (None without
+    clipping)."""
+    norm = None
+    if clip_global_norm is not None:
+        norm = global_norm(square_sums(grads_and_vars, sparse_squares), norm_device)
+        scale = clip_scale(norm, clip_global_norm)
+        if gradient_fn is None:
+            return clip_pairs(apply_pairs, scale), norm
+        grads_and_vars = clip_pairs(grads_and_vars, scale)
+    if gradient_fn is None:
+        return apply_pairs, norm
+    transformed = {id(v): g for g, v in apply_gradient_fn(gradient_fn, grads_and_vars, order)}
+    user_of = {id(c): v for _, v in grads_and_vars for c in copies_of(v).values()}
+    return [(transformed[id(user_of[id(copy)])], copy) for _, copy in apply_pairs], norm
