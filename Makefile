@@ -8,8 +8,11 @@ PIP_FLAGS ?= --disable-pip-version-check --no-input --progress-bar off
 HOROVOD_ENV = HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
               HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 PYTEST_ARGS ?=
+# Tests run in 2 worker processes (pytest-xdist), a file per worker at a time (module fixtures built once).
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: demo test test-latest env env-latest protos check-protos clean-env
+.PHONY: demo test test-latest test-long env env-latest protos check-protos clean-env
 
 # Primary environment (TF 2.15.1), without Horovod: enough for the demo and the core.
 $(VENV)/.core: setup.py requirements/primary.txt
@@ -37,10 +40,14 @@ demo: $(VENV)/.core
 	$(VENV)/bin/dapple_demo
 
 test: $(VENV)/.horovod
-	$(VENV)/bin/python -m pytest -q tests $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not long" tests $(PYTEST_ARGS)
 
 test-latest: $(VENV_LATEST)/.core
-	$(VENV_LATEST)/bin/python -m pytest -q -m "not primary_only" tests $(PYTEST_ARGS)
+	$(VENV_LATEST)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not primary_only and not long" tests $(PYTEST_ARGS)
+
+# The long cases CI leaves out (pytest.ini's `long` marker), primary environment.
+test-long: $(VENV)/.horovod
+	$(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m long tests $(PYTEST_ARGS)
 
 protos: $(VENV)/.core
 	$(VENV)/bin/python scripts/gen_protos.py

@@ -28,7 +28,7 @@ setup(
         "pyyaml",  # dapple_launch --emit=k8s
     ],
     extras_require={
-        "test": ["pytest", "scikit-learn"],
+        "test": ["pytest", "pytest-xdist", "scikit-learn"],
         "horovod": ["horovod==0.28.1", "tensorflow-estimator"],
         "demo": ["scikit-learn"],
     },

@@ -13,28 +13,30 @@ from tests.programs import run_program
 pytestmark = pytest.mark.slow
 
 
-def _ours():
-    """Pids of processes running this repository's launcher, workers or benchmark."""
-    found = []
+def _ours(tag):
+    """Pids of processes started under this test's tag (in their environment, which the launcher, its workers
+    and the benchmark inherit): another test running meanwhile (pytest -n) has its own."""
+    found, marker = [], f"{TAG}={tag}".encode()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    found.append(int(pid))
         except OSError:
             continue
-        if int(pid) != os.getpid() and ("scripts.dapple_launch" in cmdline or "scripts.bench.speedup" in cmdline):
-            found.append(int(pid))
     return found
 
 
+TAG = "DAPPLE_TEST_BENCH_SPEEDUP"
+
+
 def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
-    before = _ours()
     out, traces = tmp_path / "rows.json", tmp_path / "traces"
     result = run_program(
         "bench.speedup", "--model=mlp", "--model_flags=input_dim=32,hidden=64:64:64:64,num_classes=4",
         "--global_batch_size=32", "--num_workers=2", "--micro_batches=1,4", "--steps=2", "--rounds=2",
         "--plans=single,dp2,straight2-M4,gpipe2-M4,planner", f"--json={out}", f"--trace_dir={traces}",
-        f"--profile_dir={tmp_path / 'profiles'}", timeout=600)
+        f"--profile_dir={tmp_path / 'profiles'}", timeout=600, env={TAG: str(tmp_path)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = {row["plan"]: row for row in json.loads(out.read_text())}
     assert set(rows) == {"single", "dp2", "straight2-M4", "gpipe2-M4", "planner"}
@@ -58,7 +60,7 @@ def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
         trace = json.loads((traces / f"{name}.trace.json").read_text())
         assert trace["traceEvents"]
     assert "straight2-M4" in result.stdout and "meas/sim" in result.stdout
-    assert _ours() == before, subprocess.run(["ps", "-ef"], capture_output=True, text=True).stdout
+    assert _ours(str(tmp_path)) == [], subprocess.run(["ps", "-ef"], capture_output=True, text=True).stdout
 
 
 def test_one_worker_is_refused():

@@ -163,6 +163,7 @@ def _resumed_step(output):
     return int(output.split("resumed from the checkpoint at step ")[1].split()[0]) if "resumed from" in output else 0
 
 
+@pytest.mark.long
 def test_kill_restart_loop_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
     """Each role is killed at a random step (SIGKILL: a lost machine); every time the job ends non-zero
     within 30 s naming what died, nothing is left behind, and the same command resumes. The last run's

@@ -62,7 +62,7 @@ def test_resnet_v1_trains_like_single_device():
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_inception_v3_by_patterns_trains_like_single_device():
     spec = dapple_tf.layers_by_scope(patterns=["InceptionV3/Conv2d_*", "InceptionV3/Mixed_*", "InceptionV3/Logits"])
     x, y = images(4, 75)

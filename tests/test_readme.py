@@ -24,7 +24,7 @@ def test_quick_start_is_the_two_make_commands():
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     assert block.splitlines() == [
         "make demo    # installs the primary environment and runs the end-to-end demo",
-        "make test    # installs the primary environment (Horovod included, ~6 min to compile) and runs all tests",
+        "make test    # installs the primary environment (Horovod included, ~6 min to compile) and runs the tests",
     ]
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)

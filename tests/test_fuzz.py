@@ -1,0 +1,117 @@
+"""The random equivalence harness (scripts/bench/fuzz.py): a fixed set of seeds trains pipelined as on one
+device; cases are drawn the same every time and shrink to valid cases; bad input is named; no process outlives
+the harness, also when it is killed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scripts.bench import fuzz_grammar
+from tests.programs import ROOT, run_program
+
+# CI's seeds: every layer kind, schedule, replication shape and option appears (asserted below); the long run
+# (docs/performance.md) draws 1000 cases x 3 repeats under load.
+CI_SEED, CI_CASES = 11, 12
+
+
+def test_cases_are_drawn_the_same_every_time_and_cover_the_grammar():
+    cases = [fuzz_grammar.draw(CI_SEED, i) for i in range(CI_CASES)]
+    assert cases == [fuzz_grammar.draw(CI_SEED, i) for i in range(CI_CASES)]
+    drawn = fuzz_grammar.summary(cases)
+    for feature in ("flat", "image", "tokens", "dapple", "gpipe", "zb-h1", "zb-h2", "dapple-batched-w",
+                    "batch_norm", "attention", "rows", "shape_rows", "skip", "keras_dense"):
+        assert drawn.get(feature, 0) > 0, (feature, drawn)
+    assert any(r > 1 for c in cases for _, _, r in c.stages) and any(c.recompute for c in cases)
+    assert any(c.stage_functions for c in cases) and any(c.micro_batches > 1 for c in cases)
+
+
+def test_every_smaller_case_is_valid_and_smaller():
+    for i in range(40):
+        case = fuzz_grammar.draw(3, i)
+        for candidate in fuzz_grammar.smaller(case):
+            fuzz_grammar.check(candidate)
+            assert (candidate.devices, len(candidate.layers), candidate.micro_batches) <= \
+                (case.devices, len(case.layers), case.micro_batches) or candidate != case
+
+
+def test_bad_seeds_and_impossible_cases_are_named():
+    with pytest.raises(fuzz_grammar.CaseError, match=r"--seed='abc': a seed is a non-negative integer"):
+        fuzz_grammar.parse_seed("abc")
+    case = json.loads(fuzz_grammar.draw(1, 0).to_json())
+    case["stages"] = [[0, len(case["layers"]) - 1, 9]]
+    result = run_program("bench.fuzz", f"--case={json.dumps(case)}", timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith("needs 9 devices; the harness has 8"), result.stderr
+
+
+def test_an_ill_conditioned_case_is_held_to_twice_its_own_movement():
+    from scripts.bench import fuzz
+
+    case = fuzz_grammar.draw(1, 0)
+    well = {"relative": 3e-4, "conditioning": 1e-7, "variable": "w", "weights": 3e-4, "loss": 0.0, "digest": "a"}
+    assert fuzz.failure(case, [well], 2e-4) == "w differs from one device by 0.0003 (relative 0.0003 > 0.0002); " \
+                                              "losses by 0"
+    ill = dict(well, conditioning=1e-3)  # one device moves by 1e-3 from round-off-sized weight changes
+    assert fuzz.failure(case, [ill], 2e-4) is None
+    assert "(relative 0.0025 > 0.002)" in fuzz.failure(case, [dict(ill, relative=2.5e-3)], 2e-4)
+
+
+@pytest.mark.slow
+def test_ci_seeds_train_pipelined_as_on_one_device(tmp_path):
+    """~3 min: every drawn case within tolerance of one device, with one repeat of each case compared too."""
+    out = tmp_path / "fuzz.json"
+    result = run_program("bench.fuzz", f"--seed={CI_SEED}", f"--cases={CI_CASES}", "--repeat=1",
+                         "--cluster_share=0.2", f"--json={out}", timeout=1800)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    rows = json.load(open(out))
+    assert len(rows) == CI_CASES and not [r for r in rows if r["failure"]]
+    assert any(r["case"]["cluster"] for r in rows)  # the gRPC path ran
+    assert max(res["relative"] for r in rows for res in r["results"]) < 2e-4
+
+
+def _descendants(pid: int):
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,pgid="], capture_output=True, text=True).stdout
+    rows = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
+    children, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent, _ in rows if parent in frontier} - children
+        children |= frontier
+    return children
+
+
+def _alive(pids):
+    alive = set()
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split()[2] != "Z":
+                    alive.add(pid)
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+    return alive
+
+
+def test_killing_the_harness_leaves_no_process_behind():
+    harness = subprocess.Popen([sys.executable, "-m", "scripts.bench.fuzz", "--seed=1", "--cases=50", "--load=2"],
+                               cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        children = set()
+        while time.monotonic() < deadline and len(children) < 3:  # two load processes and the worker
+            time.sleep(0.5)
+            children = _descendants(harness.pid)
+        assert len(children) >= 3, children
+    finally:
+        harness.send_signal(signal.SIGKILL)
+        harness.wait()
+    deadline = time.monotonic() + 10
+    while _alive(children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(children)
