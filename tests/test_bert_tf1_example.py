@@ -106,7 +106,6 @@ def test_ported_script_trains_pipelined_inside_the_encoder_as_on_one_device(port
     assert_same_training(want, got)
 
 
-@pytest.mark.long
 def test_ported_model_fn_trains_through_dapple_train(ported, tmp_path):
     def train(name, plan, devices):
         result = run_program("dapple_train", "--model_fn=run_classifier:model_fn",
