@@ -183,7 +183,7 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
             layer = _profile_layer(profile, run, info, bwd, model.infos)
             if progress:
                 progress(info.index + 1, len(model.infos), layer)
-        sess.run(tf.compat.v1.variables_initializer(model.step_target.accumulators))
+        sess.run(model.step_target.initializer)
         profile.step_ms = timing.ms(sess, model.step_target.ops, probe, base_feed)
         if step_memory:
             profile.step_peak_bytes = step_peak_bytes(sess, model.step_grads, base_feed, device,
@@ -272,6 +272,9 @@ class _AccumulatedStep:
             tf.Variable(tf.zeros(v.shape, v.dtype.base_dtype), trainable=False, name="profiler_accumulator",
                         collections=[]) for _, v in grads_and_vars]
         sums = [tf.convert_to_tensor(g) + a.read_value() for (g, _), a in zip(grads_and_vars, self.accumulators)]
+        # built with the graph: grouping the initializers later marks them (control dependencies), which TF calls
+        # a mutation of ops a session already ran
+        self.initializer = tf.compat.v1.variables_initializer(self.accumulators)
         self.ops = [s.op for s in sums]  # run, not fetched (a group of them would be pruned away)
 
 
