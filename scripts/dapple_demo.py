@@ -22,7 +22,7 @@ import time
 
 from absl import flags
 
-from scripts.cli import reject_arguments, run_main, split_cpu
+from scripts.cli import quiet_tensorflow, reject_arguments, run_main, split_cpu
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_devices", 4, "Virtual CPU devices to split this machine into.")
@@ -47,6 +47,7 @@ def main(argv):
         raise ValueError(f"--num_stages={FLAGS.num_stages} needs at least that many devices "
                          f"(--num_devices={FLAGS.num_devices})")
     start = time.time()
+    quiet_tensorflow()
     split_cpu(FLAGS.num_devices)  # virtual CPU devices for the whole process (before TF initialises its devices)
     from scripts.workflows import demo
 

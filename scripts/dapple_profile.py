@@ -16,8 +16,10 @@ import time
 
 from absl import flags
 
-from dapple_tf.model import user_model
-from scripts.cli import reject_arguments, run_main
+from scripts.cli import quiet_tensorflow, reject_arguments, run_main
+
+quiet_tensorflow()
+from dapple_tf.model import user_model  # noqa: E402  pylint: disable=wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Reference model name (see models/): mlp, vgg19, resnet50, bert, gnmt.")

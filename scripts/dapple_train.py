@@ -39,8 +39,10 @@ import os
 from absl import flags
 
 from planner.formats.schedule import SCHEDULE_KINDS
-from dapple_tf.model import user_model
-from scripts.cli import reject_arguments, run_main
+from scripts.cli import quiet_tensorflow, reject_arguments, run_main
+
+quiet_tensorflow()
+from dapple_tf.model import user_model  # noqa: E402  pylint: disable=wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Reference model (mlp, vgg19, resnet50, bert, gnmt).")
@@ -100,7 +102,6 @@ def main(argv):
         raise ValueError("--global_batch_size is required (or a --plan file that says it)")
     if FLAGS.clip_global_norm is not None and FLAGS.clip_global_norm <= 0:
         raise ValueError(f"--clip_global_norm must be > 0, got {FLAGS.clip_global_norm}")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # CPU devices then report peak memory
     from scripts.workflows import train as train_run
 

@@ -75,6 +75,31 @@ def test_dapple_train_trains_a_marker_free_keras_module_with_a_numpy_input_fn(tm
     assert losses(planned.stdout) == single
 
 
+TF_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ", re.M)  # TensorFlow's C++ log format
+
+
+# ~8 s: profile, plan, 20 steps (traced at each logged one), then one step with --verbosity=0
+def test_dapple_train_prints_only_its_own_lines_unless_verbosity_asks(tmp_path):
+    """Without TF_CPP_MIN_LOG_LEVEL in the environment (a user's shell): no TensorFlow log line on either stream
+    (it printed 14 on stderr, five profiler_session lines per logged step among them); --verbosity=0 shows them."""
+    common = ("--model_fn=keras_classifier:model_fn", "--input_fn=keras_classifier:input_fn", "--scope_depth=1",
+              "--global_batch_size=32", "--num_devices=2")
+    quiet = run_program("dapple_train", *common, "--steps=20", f"--model_dir={tmp_path / 'quiet'}", cwd=EXAMPLES,
+                        env={"TF_CPP_MIN_LOG_LEVEL": None})
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert quiet.stderr == ""
+    assert not TF_LOG_LINE.search(quiet.stdout)
+    lines = quiet.stdout.splitlines()
+    assert lines[0].startswith("profiling keras_classifier:model_fn") and lines[-1].startswith("done: step 20")
+    assert len(lines) == 15  # profiling, the plan (10 lines), training, 2 logged steps, done
+    verbose = run_program("dapple_train", *common, "--steps=1", f"--model_dir={tmp_path / 'verbose'}",
+                          f"--plan={one_device_plan(tmp_path / 'one.json')}", "--verbosity=0", cwd=EXAMPLES,
+                          env={"TF_CPP_MIN_LOG_LEVEL": None})
+    assert verbose.returncode == 0, verbose.stderr[-3000:]
+    assert "done: step 1" in verbose.stdout
+    assert TF_LOG_LINE.search(verbose.stderr)
+
+
 def test_a_module_that_cannot_be_imported_says_how_to_fix_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError) as error:
