@@ -1,6 +1,7 @@
 """scripts/bench/speedup.py: its rows (JSON keys, plans, numbers that make sense), its trace files, and its
 process handling (nothing left running). Correctness, not timing: a tiny MLP and two steps per plan."""
 
+import importlib.util
 import json
 import os
 import re
@@ -35,11 +36,21 @@ def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
     result = run_program(
         "bench.speedup", "--model=mlp", "--model_flags=input_dim=32,hidden=64:64:64:64,num_classes=4",
         "--global_batch_size=32", "--num_workers=2", "--micro_batches=1,4", "--steps=2", "--rounds=2",
-        "--plans=single,dp2,straight2-M4,gpipe2-M4,planner", f"--json={out}", f"--trace_dir={traces}",
+        "--plans=single,dp2,straight2-M4,gpipe2-M4,planner,mwms2,horovod2", f"--json={out}", f"--trace_dir={traces}",
         f"--profile_dir={tmp_path / 'profiles'}", timeout=600, env={TAG: str(tmp_path)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = {row["plan"]: row for row in json.loads(out.read_text())}
+    peers = {name: rows.pop(name) for name in list(rows) if "peer" in rows[name]}
     assert set(rows) == {"single", "dp2", "straight2-M4", "gpipe2-M4", "planner"}
+    horovod = importlib.util.find_spec("horovod") is not None
+    assert set(peers) == {"mwms1", "mwms2"} | ({"horovod1", "horovod2"} if horovod else set())
+    for name, peer in peers.items():
+        assert peer["measured_ms"] > 0 and peer["workers"] == int(name[-1])
+        assert peer["speedup"] == pytest.approx(rows["single"]["measured_ms"] / peer["measured_ms"])
+        assert peer["speedup_over_own_one"] == pytest.approx(peers[name[:-1] + "1"]["measured_ms"] / peer["measured_ms"])
+    assert re.search(r"^dp2 [\d.]+x over single, mwms2 [\d.]+x \(dp2 / mwms2: [\d.]+\)", result.stdout, re.M)
+    if not horovod:
+        assert "horovod2                 skipped: horovod is not installed" in result.stdout
     for row in rows.values():
         for key in ("measured_ms", "simulated_ms", "speedup", "ideal_speedup"):
             assert row[key] > 0, (key, row)

@@ -24,16 +24,21 @@ chief. The chief
 4. says, one line per plan, where its speedup goes (scripts/bench/speedup_budget.py): the ideal, the
    slices' per-sample cost over the whole batch's and the workers' shared machine (what is left after
    compute), then transfers and AllReduce down to the simulated speedup, and the measured one beside it.
+5. then runs the peers (scripts/bench/speedup_peers.py): TensorFlow's MultiWorkerMirroredStrategy and Horovod,
+   data parallel on the same pinned cores, threads, model and batch (rows mwms<N>, horovod<N>, and each on
+   one worker), and prints dp<N>'s speedup beside theirs.
 `--json` writes the rows; `--trace_dir` writes each plan's measured timeline (Chrome trace) and a
 PNG with the measured timeline above the simulated one. Every process it starts is stopped when it
 ends (dapple_launch's teardown), also when a worker dies (the launcher names it).
 """
 
+import json
 import os
+import tempfile
 
 from absl import flags
 
-from scripts.bench import harness
+from scripts.bench import harness, speedup_peers
 from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
@@ -48,7 +53,8 @@ flags.DEFINE_integer("cores_per_worker", 1, "Cores each worker is pinned to.")
 flags.DEFINE_integer("intra_op_threads", None, "Workers' intra-op threads (default: dapple_launch's).")
 flags.DEFINE_integer("inter_op_threads", None, "Workers' inter-op threads (default: dapple_launch's).")
 flags.DEFINE_list("micro_batches", ["1", "2", "4", "8", "16"], "M of the straight pipelines.")
-flags.DEFINE_list("plans", None, "Only these plans, e.g. single,dp2,straight2-M8,gpipe2-M8,planner (default: all).")
+flags.DEFINE_list("plans", None, "Only these plans, e.g. single,dp2,straight2-M8,gpipe2-M8,planner,mwms2,horovod2 "
+                  "(default: all; mwms<N> and horovod<N> are the peers: scripts/bench/speedup_peers.py).")
 flags.DEFINE_boolean("gpipe", True, "Also measure every pipeline in GPipe order.")
 flags.DEFINE_boolean("zero_bubble", True, "Also measure every pipeline in the zero-bubble orders (zb-h1, zb-h2) and "
                      "their baseline, DAPPLE's order with each backward in TF's order (-fused).")
@@ -100,6 +106,27 @@ def main(argv):
     n = num_workers()
     if n < 2:
         raise ValueError(f"--num_workers={n}: a speedup needs at least 2 workers")
+    own_plans, peer_kinds = speedup_peers.split_plans(FLAGS.plans, n)
+    with tempfile.TemporaryDirectory(prefix="bench_speedup_rows_") as folder:
+        rows_path = os.path.abspath(FLAGS.json) if FLAGS.json else os.path.join(folder, "rows.json")
+        rows = []
+        if own_plans is None or own_plans:
+            code = _run_chief(n, own_plans, rows_path)
+            if code:
+                return code
+            with open(rows_path) as f:
+                rows = json.load(f)
+        if peer_kinds:
+            single_ms = next((r["measured_ms"] for r in rows if r["plan"] == "single"), None)
+            peers = speedup_peers.rows(_peer_settings(), peer_kinds, n, single_ms)
+            _compare(rows, peers, n)
+            rows += peers
+            harness.write_rows(FLAGS.json, rows)
+    return 0
+
+
+def _run_chief(n: int, plans, rows_path: str) -> int:
+    """The benchmark's own plans, run by the chief of a local cluster of n pinned workers; rows to `rows_path`."""
     config, model_flags, batch = model_args()
     passed = [f"--model={FLAGS.model}", f"--config={config}", f"--model_flags={model_flags}",
               f"--global_batch_size={batch}", f"--num_workers={n}", f"--cores_per_worker={FLAGS.cores_per_worker}",
@@ -107,13 +134,12 @@ def main(argv):
               f"--steps={FLAGS.steps}", f"--rounds={FLAGS.rounds}", f"--gpipe={FLAGS.gpipe}", f"--zero_bubble={FLAGS.zero_bubble}",
               f"--interleaved={FLAGS.interleaved}", f"--batched_w={FLAGS.batched_w}",
               f"--profile_drift={FLAGS.profile_drift}",
-              f"--stage_functions={FLAGS.stage_functions}", "--as_chief"]
+              f"--stage_functions={FLAGS.stage_functions}", "--as_chief", f"--json={rows_path}"]
     if FLAGS.allreduce_bucket_mb is not None:
         passed.append(f"--allreduce_bucket_mb={FLAGS.allreduce_bucket_mb}")
-    for name in ("plans",):
-        if getattr(FLAGS, name):
-            passed.append(f"--{name}={','.join(getattr(FLAGS, name))}")
-    for name in ("json", "trace_dir", "profile_dir"):
+    if plans:
+        passed.append(f"--plans={','.join(plans)}")
+    for name in ("trace_dir", "profile_dir"):
         if getattr(FLAGS, name):
             passed.append(f"--{name}={os.path.abspath(getattr(FLAGS, name))}")
     threads = [f"--{name}={getattr(FLAGS, name)}" for name in ("intra_op_threads", "inter_op_threads")
@@ -122,6 +148,25 @@ def main(argv):
                                     f"--cores_per_worker={FLAGS.cores_per_worker}", *threads, "--grace=30")
     code, _ = harness.stream_command(launch, _shown)
     return code
+
+
+def _peer_settings() -> speedup_peers.PeerSettings:
+    from dapple_tf.cluster.roles import worker_threads
+
+    config, model_flags, batch = model_args()
+    threads = worker_threads(FLAGS.cores_per_worker, FLAGS.intra_op_threads, FLAGS.inter_op_threads)
+    return speedup_peers.PeerSettings(FLAGS.model, config, model_flags, batch, FLAGS.optimizer, FLAGS.cores_per_worker,
+                                      threads.intra_op, threads.inter_op, FLAGS.steps * FLAGS.rounds)
+
+
+def _compare(rows, peers, n: int) -> None:
+    """One line: data parallel on n workers, ours beside the peers' (speedups over `single`)."""
+    ours = next((r for r in rows if r["plan"] == f"dp{n}"), None)
+    theirs = [p for p in peers if p["workers"] == n]
+    if ours and theirs:
+        print(f"dp{n} {ours['speedup']:.2f}x over single, " + ", ".join(
+            f"{p['plan']} {p['speedup']:.2f}x (dp{n} / {p['plan']}: {ours['speedup'] / p['speedup']:.2f})"
+            for p in theirs), flush=True)
 
 
 def _shown(line):

@@ -1,0 +1,138 @@
+"""The speedup benchmark's peers: what a user would run instead of dapple_tf for data parallelism on N workers.
+
+Rows `mwms<N>` (tf.distribute.MultiWorkerMirroredStrategy) and `horovod<N>` (Horovod, TF1 graph mode), each run by
+scripts/bench/peer_worker.py in N processes pinned to the cores dapple_launch gives its N workers, with the same
+thread pools, model, optimizer and global batch, after the benchmark's own plans (their cluster stopped). Each
+is also run on one worker (`mwms1`, `horovod1`), so a row shows its speedup over the benchmark's `single` row
+(one dapple_tf worker) and over its own one-worker run. Every process started is stopped (its process group)
+when the run ends, fails or times out.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from scripts.bench import harness
+
+KINDS = ("mwms", "horovod")
+TIMEOUT_S = 600
+
+
+@dataclasses.dataclass
+class PeerSettings:
+    model: str
+    config: str
+    model_flags: str
+    global_batch_size: int
+    optimizer: str
+    cores_per_worker: int
+    intra_op_threads: int
+    inter_op_threads: int
+    steps: int
+
+
+def split_plans(names: Optional[Sequence[str]], num_workers: int) -> Tuple[Optional[List[str]], List[str]]:
+    """(the benchmark's own plan names, or None for all of them; the peer kinds asked for): every peer when
+    `names` is empty, else those named `<kind><num_workers>`."""
+    peers = {f"{kind}{num_workers}": kind for kind in KINDS}
+    if not names:
+        return None, list(KINDS)
+    return [n for n in names if n not in peers], [peers[n] for n in names if n in peers]
+
+
+def unavailable(kind: str) -> Optional[str]:
+    """Why `kind` cannot run here, or None."""
+    if kind == "horovod" and (importlib.util.find_spec("horovod") is None or not os.path.exists(_horovodrun())):
+        return "horovod is not installed in this environment (the primary one has it: make env)"
+    return None
+
+
+def _horovodrun() -> str:
+    return os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def _worker_args(settings: PeerSettings, kind: str, num_workers: int) -> List[str]:
+    from dapple_tf.cluster.servers import worker_cores  # pylint: disable=import-outside-toplevel
+
+    cores = "/".join(",".join(str(c) for c in worker_cores(i, settings.cores_per_worker)) for i in range(num_workers))
+    return [f"--kind={kind}", f"--cores={cores}", f"--model={settings.model}", f"--config={settings.config}",
+            f"--model_flags={settings.model_flags}", f"--global_batch_size={settings.global_batch_size}",
+            f"--optimizer={settings.optimizer}", f"--intra_op_threads={settings.intra_op_threads}",
+            f"--inter_op_threads={settings.inter_op_threads}", f"--steps={settings.steps}"]
+
+
+def _commands(settings: PeerSettings, kind: str, num_workers: int) -> List[Tuple[List[str], Dict[str, str]]]:
+    """(command, environment) of each process to start."""
+    worker = harness.module_command("scripts.bench.peer_worker", *_worker_args(settings, kind, num_workers))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if kind == "horovod":
+        return [([_horovodrun(), "-np", str(num_workers), "--gloo", "-H", f"localhost:{num_workers}"] + worker, env)]
+    from dapple_tf.cluster.servers import free_ports  # pylint: disable=import-outside-toplevel
+
+    addresses = [f"localhost:{p}" for p in free_ports(num_workers)]
+    return [(worker + [f"--rank={rank}"],
+             dict(env, TF_CONFIG=json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}})))
+            for rank in range(num_workers)]
+
+
+def measure(settings: PeerSettings, kind: str, num_workers: int) -> float:
+    """Median step seconds of `kind` on `num_workers` pinned processes; RuntimeError with their output on failure."""
+    with tempfile.TemporaryDirectory(prefix="bench_peer_") as folder:
+        processes, logs = [], []
+        try:
+            for i, (command, env) in enumerate(_commands(settings, kind, num_workers)):
+                logs.append(os.path.join(folder, f"{i}.log"))
+                with open(logs[-1], "w", encoding="utf-8") as out:
+                    processes.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                      start_new_session=True))
+            codes = [p.wait(timeout=TIMEOUT_S) for p in processes]
+        except subprocess.TimeoutExpired:
+            codes = None
+        finally:
+            for p in processes:
+                _stop_group(p)
+        text = "".join(open(log, encoding="utf-8").read() for log in logs)
+    found = re.search(r"STEP_S (\S+)", text)  # horovodrun prefixes its processes' lines with [rank]<stdout>:
+    if found and codes is not None and not any(codes):
+        return float(found.group(1))
+    what = f"timed out after {TIMEOUT_S} s" if codes is None else f"exit codes {codes}"
+    raise RuntimeError(f"{kind} on {num_workers} worker(s) failed ({what}):\n{text[-3000:]}")
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def rows(settings: PeerSettings, kinds: Sequence[str], num_workers: int, single_ms: Optional[float]) -> List[dict]:
+    """The peers' rows (printed as they come): for each kind, its run on one worker and on `num_workers`."""
+    out = []
+    print(f"peers: data parallel on the same pinned cores, threads, model and global batch "
+          f"(scripts/bench/speedup_peers.py); speedup over `single` above and over the peer's own one worker", flush=True)
+    print(f"{'plan':24s} {'samples/s':>10s} {'ms':>8s} {'speedup':>8s} {'over own 1':>10s}", flush=True)
+    for kind in kinds:
+        reason = unavailable(kind)
+        if reason:
+            print(f"{kind + str(num_workers):24s} skipped: {reason}", flush=True)
+            continue
+        own_ms = None
+        for n in (1, num_workers):
+            ms = measure(settings, kind, n) * 1e3
+            own_ms = own_ms or ms
+            row = {"plan": f"{kind}{n}", "peer": kind, "workers": n, "measured_ms": ms,
+                   "samples_per_s": settings.global_batch_size / ms * 1e3,
+                   "speedup": single_ms / ms if single_ms else float("nan"), "speedup_over_own_one": own_ms / ms}
+            out.append(row)
+            print(f"{row['plan']:24s} {row['samples_per_s']:10.0f} {ms:8.1f} {row['speedup']:8.2f} "
+                  f"{row['speedup_over_own_one']:10.2f}", flush=True)
+    return out
