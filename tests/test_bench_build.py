@@ -14,16 +14,19 @@ def test_bench_build_rows(tmp_path):
     out = tmp_path / "build.json"
     result = run_program("bench.build", "--model_flags=num_layers=2,hidden=16,heads=2,ffn=32",
                          "--global_batch_size=8", "--num_stages=2", "--micro_batches=1,2", "--steps=1",
-                         "--rewrites=functions,clones",
+                         "--rewrites=default,functions,clones",
                          f"--json={out}", timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = json.loads(out.read_text())
-    assert [(r["M"], r["plan"], r["rewrite"]) for r in rows] == [
-        (None, "single", None), (1, "straight2-M1", "functions"), (2, "straight2-M2", "functions"),
-        (1, "straight2-M1-clones", "clones"), (2, "straight2-M2-clones", "clones")]
+    assert [(r["M"], r["plan"], r["rewrite"], r["chose"]) for r in rows] == [
+        (None, "single", None, None), (1, "straight2-M1-default", "default", "clones"),
+        (2, "straight2-M2-default", "default", "clones"), (1, "straight2-M1", "functions", "functions"),
+        (2, "straight2-M2", "functions", "functions"), (1, "straight2-M1-clones", "clones", "clones"),
+        (2, "straight2-M2-clones", "clones", "clones")]
     for row in rows:
         assert set(row) >= {"M", "ops", "build_s", "init_s", "first_step_s", "step_s"}
         assert row["ops"] > 0 and row["step_s"] > 0
-    functions_per_m, clones_per_m = rows[2]["ops"] - rows[1]["ops"], rows[4]["ops"] - rows[3]["ops"]
+    functions_per_m, clones_per_m = rows[4]["ops"] - rows[3]["ops"], rows[6]["ops"] - rows[5]["ops"]
     assert 0 < functions_per_m < clones_per_m / 3, (functions_per_m, clones_per_m)
-    assert "ops per extra M" in result.stdout
+    assert rows[1]["ops"] == rows[5]["ops"] and rows[2]["ops"] == rows[6]["ops"]  # the default imports clones here
+    assert "ops per extra M" in result.stdout and "straight2-M2-default (clones)" in result.stdout

@@ -9,9 +9,11 @@ operations in the graph, the build time (model_fn or build_pipeline), the initia
 (TF's graph optimization included) and the steady step (median of --steps after the first), and
 prints them side by side with the time to the first step (build + initializer + first step) over
 plain TF's and the operations each extra micro-batch adds, as a share of the plain graph's.
-`--rewrites=functions,clones` measures both of build_pipeline's rewrites (stage_functions True, the default, and
-False). `--json` writes rows with the keys M (null for plain TF), plan ("single" for plain TF, "straight4-M16",
-"straight4-M16-clones", ...), rewrite, ops, build_s, init_s, first_step_s, step_s.
+`--rewrites` says which rewrites, measured in that order: `default` (build_pipeline's defaults run in a plain
+tf.compat.v1.Session, as a user who sets nothing gets it; the row's `chose` says whether that built stage functions
+or clones), `functions` (stage_functions=True, run with handle.session_config) and `clones` (stage_functions=False).
+`--json` writes rows with the keys M (null for plain TF), plan ("single" for plain TF, "straight4-M16-default",
+"straight4-M16", "straight4-M16-clones", ...), rewrite, chose, ops, build_s, init_s, first_step_s, step_s.
 """
 
 import statistics
@@ -32,8 +34,9 @@ flags.DEFINE_list("micro_batches", ["1", "4", "16", "64"], "M values to measure.
 flags.DEFINE_enum("optimizer", "adam", ["sgd", "adam"], "Optimizer.")
 flags.DEFINE_integer("steps", 5, "Steady steps timed after the first (median kept).")
 flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
-flags.DEFINE_list("rewrites", ["functions"], "Rewrites to measure: functions (each stage defined once, the default of "
-                  "build_pipeline) and/or clones (each stage imported per micro-batch, stage_functions=False).")
+flags.DEFINE_list("rewrites", ["default", "functions"], "Rewrites to measure, in this order: default (build_pipeline's "
+                  "defaults in a plain Session), functions (stage_functions=True, each stage defined once) and/or clones "
+                  "(stage_functions=False, each stage imported per micro-batch).")
 
 
 def _run(tf, graph, init, train_op, config):
@@ -56,25 +59,30 @@ def measure(tf, spec, micro_batches, config, rewrite="functions"):
         def build():
             if micro_batches is None:
                 op = harness.optimizer(FLAGS.optimizer).minimize(spec.model_fn(features, labels))
-                return op, tf.compat.v1.global_variables_initializer(), config
+                return op, tf.compat.v1.global_variables_initializer(), config, None
             names = _layer_names(tf, spec)
             per = -(-len(names) // FLAGS.num_stages)
             stages = [(names[i], names[min(i + per, len(names)) - 1], [f"/device:CPU:{s}"])
                       for s, i in enumerate(range(0, len(names), per))]
             plan = dapple_tf.Plan.from_stages(stages, micro_batches)
+            options = dapple_tf.PipelineOptions() if rewrite == "default" else dapple_tf.PipelineOptions(
+                stage_functions=rewrite == "functions")
             handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, harness.optimizer(FLAGS.optimizer), plan,
-                                              dapple_tf.PipelineOptions(stage_functions=rewrite == "functions"))
+                                              options)
             for stage, reason in sorted(handle.function_fallbacks.items()):
                 print(f"  stage {stage} is imported per micro-batch: {reason}")
-            return handle.train_op, handle.initializer, handle.session_config(config)
+            chose = "functions" if handle.function_call_ops else "clones"
+            run_config = config if rewrite == "default" else handle.session_config(config)
+            return handle.train_op, handle.initializer, run_config, chose
 
-        (train_op, init, run_config), build_s = timed(build)
+        (train_op, init, run_config, chose), build_s = timed(build)
         ops = len(graph.get_operations())
     init_s, first_s, step_s = _run(tf, graph, init, train_op, run_config)
     plan = "single" if micro_batches is None else f"straight{FLAGS.num_stages}-M{micro_batches}"
     if micro_batches is not None and rewrite != "functions":
         plan += f"-{rewrite}"
-    return {"M": micro_batches, "plan": plan, "rewrite": rewrite if micro_batches is not None else None, "ops": ops, "build_s": build_s, "init_s": init_s,
+    return {"M": micro_batches, "plan": plan, "rewrite": rewrite if micro_batches is not None else None,
+            "chose": chose if micro_batches is not None else None, "ops": ops, "build_s": build_s, "init_s": init_s,
             "first_step_s": first_s, "step_s": step_s}
 
 
@@ -97,7 +105,8 @@ def _print_row(row, plain, base):
     extra = ""
     if base is not None and row["M"] != base["M"]:
         extra = f"{(row['ops'] - base['ops']) / (row['M'] - base['M']) / plain['ops']:.1%}"
-    print(f"{row['plan']:22s} {row['ops']:8d} {row['build_s']:8.1f} {row['init_s']:7.1f} "
+    name = f"{row['plan']} ({row['chose']})" if row["rewrite"] == "default" else row["plan"]
+    print(f"{name:32s} {row['ops']:8d} {row['build_s']:8.1f} {row['init_s']:7.1f} "
           f"{row['first_step_s']:10.1f} {row['step_s']:7.3f} {ratio:20.1f} {extra:>16s}", flush=True)
 
 
@@ -111,11 +120,11 @@ def main(argv):
     spec = models.get_model(FLAGS.model, FLAGS.config, **models.parse_model_flags(FLAGS.model_flags))
     print(f"{FLAGS.model} ({FLAGS.model_flags}), global batch {FLAGS.global_batch_size}, {FLAGS.optimizer}, "
           f"{FLAGS.num_stages} virtual CPU devices")
-    print(f"{'plan (single: plain TF)':22s} {'ops':>8s} {'build s':>8s} {'init s':>7s} {'1st step s':>10s} {'step s':>7s} "
+    print(f"{'plan (single: plain TF)':32s} {'ops':>8s} {'build s':>8s} {'init s':>7s} {'1st step s':>10s} {'step s':>7s} "
           f"{'to 1st step / plain':>20s} {'ops per extra M':>16s}")
-    unknown = set(FLAGS.rewrites) - {"functions", "clones"}
+    unknown = set(FLAGS.rewrites) - {"default", "functions", "clones"}
     if unknown:
-        raise ValueError(f"--rewrites takes functions and/or clones, got {sorted(unknown)}")
+        raise ValueError(f"--rewrites takes default, functions and/or clones, got {sorted(unknown)}")
     plain = measure(tf, spec, None, config)
     rows = [plain]
     _print_row(plain, plain, None)
