@@ -2,6 +2,7 @@
 BERT); stage functions add fewer operations per micro-batch than clones."""
 
 import json
+import re
 
 import pytest
 
@@ -30,3 +31,14 @@ def test_bench_build_rows(tmp_path):
     assert 0 < functions_per_m < clones_per_m / 3, (functions_per_m, clones_per_m)
     assert rows[1]["ops"] == rows[5]["ops"] and rows[2]["ops"] == rows[6]["ops"]  # the default imports clones here
     assert "ops per extra M" in result.stdout and "straight2-M2-default (clones)" in result.stdout
+
+
+def test_step_ab_alternates_the_rewrites_in_one_process():
+    result = run_program("bench.step_ab", "--model_flags=num_layers=2,hidden=16,heads=2,ffn=32",
+                         "--global_batch_size=8", "--num_stages=2", "--micro_batches=2", "--rounds=3", timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    steps = re.findall(r"^(clones|functions) +step ([\d.]+) s  ([\d.]+)x clones$", result.stdout, re.M)
+    assert [s[0] for s in steps] == ["clones", "functions"] and steps[0][2] == "1.000", result.stdout
+    assert float(steps[1][2]) == pytest.approx(float(steps[1][1]) / float(steps[0][1]), rel=0.01)
+    bad = run_program("bench.step_ab", "--micro_batches=2,4", timeout=120)
+    assert bad.returncode == 1 and "--micro_batches one M (got ['2', '4'])" in bad.stderr
