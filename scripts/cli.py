@@ -18,15 +18,15 @@ def quiet_tensorflow(argv=None) -> None:
     a program's output unless `--verbosity`/`-v` (absl's flag) asks for INFO (0) or more, or the environment
     sets TF_CPP_MIN_LOG_LEVEL. Call before TensorFlow is imported: it reads the level once, at its first line."""
     if TF_LOG_LEVEL not in os.environ:
-        os.environ[TF_LOG_LEVEL] = "0" if _verbosity(sys.argv[1:] if argv is None else argv) >= 0 else "2"
+        os.environ[TF_LOG_LEVEL] = "0" if requested_verbosity(sys.argv[1:] if argv is None else argv) >= 0 else "2"
 
 
-def _verbosity(args) -> int:
+def requested_verbosity(args) -> int:
     """The absl verbosity `args` ask for (-1, absl's default: warnings and up)."""
     level = -1
     for i, arg in enumerate(args):
         name, eq, value = arg.partition("=")
-        if name in ("--verbosity", "-v", "--v"):
+        if name in ("--verbosity", "-verbosity", "-v", "--v"):
             value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
             try:
                 level = int(value)

@@ -10,6 +10,7 @@ import pytest
 
 from planner.formats import plan_pb2, write_message
 from dapple_tf.model import user_model
+from scripts.cli import requested_verbosity
 from tests.programs import ROOT, run_program
 
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -102,6 +103,13 @@ def test_dapple_train_prints_only_its_own_lines_unless_verbosity_asks(tmp_path):
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert "done: step 1" in verbose.stdout
     assert TF_LOG_LINE.search(IMPORT_NOTICE.sub("", verbose.stderr))
+
+
+@pytest.mark.parametrize("args, level", [
+    ([], -1), (["--steps=3"], -1), (["--verbosity=0"], 0), (["--verbosity", "1"], 1), (["-v", "0"], 0), (["-v=2"], 2),
+    (["-verbosity=0"], 0), (["--v=1"], 1), (["--verbosity=x"], -1), (["--verbosity"], -1)])
+def test_requested_verbosity_reads_absl_spellings(args, level):
+    assert requested_verbosity(args) == level
 
 
 def test_a_module_that_cannot_be_imported_says_how_to_fix_it(tmp_path, monkeypatch):

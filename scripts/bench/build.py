@@ -60,11 +60,8 @@ def measure(tf, spec, micro_batches, config, rewrite="functions"):
             if micro_batches is None:
                 op = harness.optimizer(FLAGS.optimizer).minimize(spec.model_fn(features, labels))
                 return op, tf.compat.v1.global_variables_initializer(), config, None
-            names = _layer_names(tf, spec)
-            per = -(-len(names) // FLAGS.num_stages)
-            stages = [(names[i], names[min(i + per, len(names)) - 1], [f"/device:CPU:{s}"])
-                      for s, i in enumerate(range(0, len(names), per))]
-            plan = dapple_tf.Plan.from_stages(stages, micro_batches)
+            plan = harness.straight_plan(harness.layer_names(spec, FLAGS.global_batch_size), FLAGS.num_stages,
+                                         micro_batches)
             options = dapple_tf.PipelineOptions() if rewrite == "default" else dapple_tf.PipelineOptions(
                 stage_functions=rewrite == "functions")
             handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, harness.optimizer(FLAGS.optimizer), plan,
@@ -84,18 +81,6 @@ def measure(tf, spec, micro_batches, config, rewrite="functions"):
     return {"M": micro_batches, "plan": plan, "rewrite": rewrite if micro_batches is not None else None,
             "chose": chose if micro_batches is not None else None, "ops": ops, "build_s": build_s, "init_s": init_s,
             "first_step_s": first_s, "step_s": step_s}
-
-
-def _layer_names(tf, spec):
-    """The model's layer names in order (dapple_tf.layer markers), from building it once aside."""
-    from dapple_tf.model.layers import LayerRecorder
-
-    with tf.Graph().as_default() as graph:
-        features, labels = spec.placeholders(FLAGS.global_batch_size)
-        recorder = LayerRecorder(graph)
-        with recorder.activate():
-            spec.model_fn(features, labels)
-    return list(recorder.names)
 
 
 def _print_row(row, plain, base):

@@ -47,13 +47,40 @@ def cpu_plan(stages: Sequence[Tuple[int, int, Sequence[int]]], num_micro_batches
                                       num_micro_batches)
 
 
+LEARNING_RATES = {"adam": 1e-3, "sgd": 0.01}  # the benchmarks' optimizers
+
+
 def optimizer(name: str = "sgd"):
-    """The benchmarks' optimizers: adam (1e-3) or sgd (0.01)."""
+    """The benchmarks' optimizers (TF1): adam or sgd, at LEARNING_RATES."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     if name == "adam":
-        return tf.compat.v1.train.AdamOptimizer(1e-3)
-    return tf.compat.v1.train.GradientDescentOptimizer(0.01)
+        return tf.compat.v1.train.AdamOptimizer(LEARNING_RATES["adam"])
+    return tf.compat.v1.train.GradientDescentOptimizer(LEARNING_RATES["sgd"])
+
+
+def layer_names(spec, batch_size: int) -> List[str]:
+    """The reference model's layer names in order (dapple_tf.layer markers), from building it once aside."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from dapple_tf.model.layers import LayerRecorder  # pylint: disable=import-outside-toplevel
+
+    with tf.Graph().as_default() as graph:
+        features, labels = spec.placeholders(batch_size)
+        recorder = LayerRecorder(graph)
+        with recorder.activate():
+            spec.model_fn(features, labels)
+    return list(recorder.names)
+
+
+def straight_plan(names: Sequence[str], num_stages: int, num_micro_batches: int):
+    """A dapple_tf.Plan of `num_stages` stages of consecutive layers (`names`), as even as the count allows, stage s
+    on /device:CPU:s."""
+    import dapple_tf  # pylint: disable=import-outside-toplevel
+
+    per = -(-len(names) // num_stages)
+    return dapple_tf.Plan.from_stages([(names[i], names[min(i + per, len(names)) - 1], [f"/device:CPU:{s}"])
+                                       for s, i in enumerate(range(0, len(names), per))], num_micro_batches)
 
 
 def mlp_spec(hidden: int):

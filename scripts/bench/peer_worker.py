@@ -82,8 +82,8 @@ def mwms_step_s() -> float:
         model = tf.compat.v1.make_template("model", spec.model_fn)
         strategy.run(tf.function(model), args=(features, labels))  # creates the variables, once
         variables = model.trainable_variables
-        keras_optimizer = (tf.keras.optimizers.Adam(1e-3) if FLAGS.optimizer == "adam"
-                           else tf.keras.optimizers.SGD(0.01))
+        keras_optimizer = (tf.keras.optimizers.Adam if FLAGS.optimizer == "adam" else tf.keras.optimizers.SGD)(
+            harness.LEARNING_RATES[FLAGS.optimizer])
 
     @tf.function
     def train_step(x, y):

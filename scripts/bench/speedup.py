@@ -121,7 +121,7 @@ def main(argv):
             peers = speedup_peers.rows(_peer_settings(), peer_kinds, n, single_ms)
             _compare(rows, peers, n)
             rows += peers
-            harness.write_rows(FLAGS.json, rows)
+        harness.write_rows(FLAGS.json, rows)
     return 0
 
 
@@ -146,7 +146,8 @@ def _run_chief(n: int, plans, rows_path: str) -> int:
                if getattr(FLAGS, name) is not None]
     launch = harness.launch_command(f"local:{n}x1", harness.module_command("scripts.bench.speedup", *passed),
                                     f"--cores_per_worker={FLAGS.cores_per_worker}", *threads, "--grace=30")
-    code, _ = harness.stream_command(launch, _shown)
+    written = f"[chief] wrote {rows_path}"  # said once, by main, for --json; a temporary file otherwise
+    code, _ = harness.stream_command(launch, lambda line: None if line.startswith(written) else _shown(line))
     return code
 
 
@@ -162,7 +163,7 @@ def _peer_settings() -> speedup_peers.PeerSettings:
 def _compare(rows, peers, n: int) -> None:
     """One line: data parallel on n workers, ours beside the peers' (speedups over `single`)."""
     ours = next((r for r in rows if r["plan"] == f"dp{n}"), None)
-    theirs = [p for p in peers if p["workers"] == n]
+    theirs = [p for p in peers if p["workers"] == n and p["speedup"]]
     if ours and theirs:
         print(f"dp{n} {ours['speedup']:.2f}x over single, " + ", ".join(
             f"{p['plan']} {p['speedup']:.2f}x (dp{n} / {p['plan']}: {ours['speedup'] / p['speedup']:.2f})"

@@ -4,8 +4,11 @@ Rows `mwms<N>` (tf.distribute.MultiWorkerMirroredStrategy) and `horovod<N>` (Hor
 scripts/bench/peer_worker.py in N processes pinned to the cores dapple_launch gives its N workers, with the same
 thread pools, model, optimizer and global batch, after the benchmark's own plans (their cluster stopped). Each
 is also run on one worker (`mwms1`, `horovod1`), so a row shows its speedup over the benchmark's `single` row
-(one dapple_tf worker) and over its own one-worker run. Every process started is stopped (its process group)
-when the run ends, fails or times out.
+(one dapple_tf worker; None when it was not run) and over its own one-worker run. A run ends when every process
+has exited, when one fails (the others are stopped then: a rank waiting in a collective would wait for ever) or at
+TIMEOUT_S. Every process is started with the parent-death signal in a process group of its own
+(scripts/bench/fuzz_processes.py) and stopped at the end; horovodrun first gets SIGTERM, on which it stops its
+ranks (they run in a session of their own, out of its group's reach).
 """
 
 import dataclasses
@@ -13,16 +16,17 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from scripts.bench import harness
+from scripts.bench import fuzz_processes, harness
 
 KINDS = ("mwms", "horovod")
 TIMEOUT_S = 600
+STOP_GRACE_S = 10
 
 
 @dataclasses.dataclass
@@ -90,28 +94,40 @@ def measure(settings: PeerSettings, kind: str, num_workers: int) -> float:
             for i, (command, env) in enumerate(_commands(settings, kind, num_workers)):
                 logs.append(os.path.join(folder, f"{i}.log"))
                 with open(logs[-1], "w", encoding="utf-8") as out:
-                    processes.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                      start_new_session=True))
-            codes = [p.wait(timeout=TIMEOUT_S) for p in processes]
-        except subprocess.TimeoutExpired:
-            codes = None
+                    processes.append(fuzz_processes.start(command, env=env, stdout=out, stderr=subprocess.STDOUT))
+            codes = _wait(processes, TIMEOUT_S)
         finally:
             for p in processes:
-                _stop_group(p)
+                _stop(p)
         text = "".join(open(log, encoding="utf-8").read() for log in logs)
     found = re.search(r"STEP_S (\S+)", text)  # horovodrun prefixes its processes' lines with [rank]<stdout>:
     if found and codes is not None and not any(codes):
         return float(found.group(1))
-    what = f"timed out after {TIMEOUT_S} s" if codes is None else f"exit codes {codes}"
+    what = f"no result within {TIMEOUT_S} s" if codes is None else f"exit codes {codes} (None: stopped)"
     raise RuntimeError(f"{kind} on {num_workers} worker(s) failed ({what}):\n{text[-3000:]}")
 
 
-def _stop_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
+def _wait(processes: Sequence[subprocess.Popen], timeout_s: float) -> Optional[List[Optional[int]]]:
+    """The exit codes once every process has exited or one has failed (None for those still running), or None
+    after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        codes = [p.poll() for p in processes]
+        if all(c is not None for c in codes) or any(c for c in codes):
+            return codes
+        time.sleep(0.2)
+    return None
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM first (horovodrun then stops its ranks), SIGKILL to the group after STOP_GRACE_S."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    fuzz_processes.stop(process)
 
 
 def rows(settings: PeerSettings, kinds: Sequence[str], num_workers: int, single_ms: Optional[float]) -> List[dict]:
@@ -131,8 +147,9 @@ def rows(settings: PeerSettings, kinds: Sequence[str], num_workers: int, single_
             own_ms = own_ms or ms
             row = {"plan": f"{kind}{n}", "peer": kind, "workers": n, "measured_ms": ms,
                    "samples_per_s": settings.global_batch_size / ms * 1e3,
-                   "speedup": single_ms / ms if single_ms else float("nan"), "speedup_over_own_one": own_ms / ms}
+                   "speedup": single_ms / ms if single_ms else None, "speedup_over_own_one": own_ms / ms}
             out.append(row)
-            print(f"{row['plan']:24s} {row['samples_per_s']:10.0f} {ms:8.1f} {row['speedup']:8.2f} "
+            speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}"
+            print(f"{row['plan']:24s} {row['samples_per_s']:10.0f} {ms:8.1f} {speedup:>8s} "
                   f"{row['speedup_over_own_one']:10.2f}", flush=True)
     return out

@@ -13,28 +13,34 @@ import statistics
 
 from absl import flags
 
-from scripts.bench import build as build_bench, harness
+from scripts.bench import harness
 from scripts.bench.harness import timed
 from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
+flags.DEFINE_string("model", "bert", "Reference model.")
+flags.DEFINE_string("config", "tiny", "Reference model config.")
+flags.DEFINE_string("model_flags", "num_layers=24,hidden=64,heads=2,ffn=128", "Model overrides key=value,...")
+flags.DEFINE_integer("global_batch_size", 64, "Samples per step.")
+flags.DEFINE_integer("num_stages", 4, "Stages of the straight pipeline (one virtual CPU device each).")
+flags.DEFINE_integer("micro_batches", 16, "M.")
+flags.DEFINE_enum("optimizer", "adam", ["sgd", "adam"], "Optimizer.")
+flags.DEFINE_list("rewrites", ["clones", "functions"], "Rewrites, the first the reference: clones "
+                  "(stage_functions=False) and/or functions (stage_functions=True).")
 flags.DEFINE_integer("rounds", 10, "Rounds of one step per rewrite.")
 
 
-def _open(tf, spec, names, micro_batches: int, rewrite: str, config):
+def _open(tf, spec, names, rewrite: str, config):
     """(session, train op, build s, first step s) of one rewrite of the straight pipeline."""
     import dapple_tf
 
     graph = tf.Graph()
     with graph.as_default():
         features, labels = harness.synthetic_batch(spec, FLAGS.global_batch_size)
-        per = -(-len(names) // FLAGS.num_stages)
-        stages = [(names[i], names[min(i + per, len(names)) - 1], [f"/device:CPU:{s}"])
-                  for s, i in enumerate(range(0, len(names), per))]
-        options = dapple_tf.PipelineOptions(stage_functions=rewrite == "functions")
+        plan = harness.straight_plan(names, FLAGS.num_stages, FLAGS.micro_batches)
         handle, build_s = timed(lambda: dapple_tf.build_pipeline(
-            spec.model_fn, features, labels, harness.optimizer(FLAGS.optimizer),
-            dapple_tf.Plan.from_stages(stages, micro_batches), options))
+            spec.model_fn, features, labels, harness.optimizer(FLAGS.optimizer), plan,
+            dapple_tf.PipelineOptions(stage_functions=rewrite == "functions")))
         session = tf.compat.v1.Session(graph=graph, config=handle.session_config(config))
         session.run(handle.initializer)
         _, first_s = timed(lambda: session.run(handle.train_op))
@@ -43,33 +49,33 @@ def _open(tf, spec, names, micro_batches: int, rewrite: str, config):
 
 def main(argv):
     reject_arguments(argv)
+    unknown = set(FLAGS.rewrites) - {"functions", "clones"}
+    if unknown or not FLAGS.rewrites:
+        raise ValueError(f"--rewrites takes functions and/or clones, got {FLAGS.rewrites}")
+    if FLAGS.micro_batches < 1 or FLAGS.rounds < 1:
+        raise ValueError("--micro_batches and --rounds must be >= 1")
     config = harness.virtual_cpus(FLAGS.num_stages)
     import tensorflow as tf
 
     import models
 
-    rewrites = FLAGS.rewrites if FLAGS["rewrites"].present else ["clones", "functions"]
-    unknown = set(rewrites) - {"functions", "clones"}
-    if unknown or len(FLAGS.micro_batches) != 1:
-        raise ValueError(f"--rewrites takes functions and/or clones (got {rewrites}), --micro_batches one M "
-                         f"(got {FLAGS.micro_batches})")
-    m = int(FLAGS.micro_batches[0])
     spec = models.get_model(FLAGS.model, FLAGS.config, **models.parse_model_flags(FLAGS.model_flags))
-    names = build_bench._layer_names(tf, spec)  # pylint: disable=protected-access
+    names = harness.layer_names(spec, FLAGS.global_batch_size)
     print(f"{FLAGS.model} ({FLAGS.model_flags}), global batch {FLAGS.global_batch_size}, {FLAGS.optimizer}, "
-          f"{FLAGS.num_stages} stages, M={m}; steps alternated over {FLAGS.rounds} rounds", flush=True)
+          f"{FLAGS.num_stages} stages, M={FLAGS.micro_batches}; steps alternated over {FLAGS.rounds} rounds", flush=True)
     opened = {}
-    for rewrite in rewrites:
-        session, op, build_s, first_s = _open(tf, spec, names, m, rewrite, config)
+    for rewrite in FLAGS.rewrites:
+        session, op, build_s, first_s = _open(tf, spec, names, rewrite, config)
         opened[rewrite] = (session, op, [])
         print(f"{rewrite:10s} build {build_s:6.1f} s  first step {first_s:6.1f} s", flush=True)
     for _ in range(FLAGS.rounds):
         for session, op, times in opened.values():
             times.append(timed(lambda: session.run(op))[1])  # pylint: disable=cell-var-from-loop
-    base = statistics.median(opened[rewrites[0]][2])
+    reference = FLAGS.rewrites[0]
+    base = statistics.median(opened[reference][2])
     for rewrite, (session, _, times) in opened.items():
         step = statistics.median(times)
-        print(f"{rewrite:10s} step {step:.4f} s  {step / base:.3f}x {rewrites[0]}", flush=True)
+        print(f"{rewrite:10s} step {step:.6f} s  {step / base:.4f}x {reference}", flush=True)
         session.close()
     return 0
 
