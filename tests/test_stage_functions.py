@@ -45,8 +45,7 @@ def test_functions_add_call_sites_per_micro_batch_not_the_models_ops():
 
 
 def test_calls_skip_shape_inference_and_the_session_config_turns_the_function_optimizer_off():
-    """Call ops carry the traced function's output shapes (not inferred through the body at each call), run their
-    body on the single-threaded executor and follow
+    """Call ops carry the traced function's output shapes (not inferred through the body at each call) and follow
     a reference-typed operation on their device (XLA's scan then skips their bodies); where the
     stages' calls are the graph's only function calls, the handle's session config turns grappler's function
     optimizer off for the outer graph, and leaves it on for clones or when something else calls a function."""
@@ -56,7 +55,6 @@ def test_calls_skip_shape_inference_and_the_session_config_turns_the_function_op
     assert len(handle.function_call_ops) == 4 * (2 + 3)  # per micro-batch: stage 0 F and W; stage 1 F, B and W
     for op in handle.function_call_ops:
         assert op.get_attr("_disable_call_shape_inference")
-        assert op.get_attr("executor_type") == b"SINGLE_THREADED_EXECUTOR"
         assert all(t.shape.is_fully_defined() for t in op.outputs), op.name
         # a control input with a reference-typed output on the call's device spares it XLA's reference scan
         stops = [c for c in op.control_inputs if any(t.dtype._is_ref_dtype for t in c.outputs)]

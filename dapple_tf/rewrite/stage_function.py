@@ -45,11 +45,6 @@ NOINLINE_ATTRIBUTES = {"_noinline": True}
 # Below it the clones' startup is bearable, and they run faster with less activation memory (WORKSPACE_NOTES.md,
 # "Scale of the rewrite").
 AUTO_CLONED_OPS = 100_000
-# Each call runs its body on TensorFlow's single-threaded executor: the ops of one task on one device, one after
-# another, each kernel still using the device's intra-op threads. The default executor's per-call state and per-op
-# dispatch made the steady step 9-12% slower than the clones' (BERT-24, 4 stages, M=16 / M=4, one process, steps
-# alternated); this one 0.98x / 1.07x (WORKSPACE_NOTES.md, "Stage functions").
-CALL_EXECUTOR = "SINGLE_THREADED_EXECUTOR"
 _V1_CONTROL_FLOW = {"Enter", "RefEnter", "Exit", "RefExit", "Switch", "RefSwitch", "Merge", "NextIteration"}
 
 
@@ -278,8 +273,7 @@ class StageFunctions:
         definition = concrete.function_def.signature
         attrs = {"f": attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=definition.name)),
                  "Tin": _types(args), "Tout": _types(concrete.outputs),
-                 "_disable_call_shape_inference": attr_value_pb2.AttrValue(b=True),
-                 "executor_type": attr_value_pb2.AttrValue(s=CALL_EXECUTOR.encode())}
+                 "_disable_call_shape_inference": attr_value_pb2.AttrValue(b=True)}
         op = graph.create_op("StatefulPartitionedCall" if definition.is_stateful else "PartitionedCall", args,
                              [t.dtype for t in concrete.outputs], attrs=attrs)
         for result, traced in zip(op.outputs, concrete.outputs):
