@@ -25,11 +25,7 @@ from scripts.bench.harness import timed
 from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "bert", "Reference model.")
-flags.DEFINE_string("config", "tiny", "Reference model config.")
-flags.DEFINE_string("model_flags", "num_layers=24,hidden=64,heads=2,ffn=128", "Model overrides key=value,...")
-flags.DEFINE_integer("global_batch_size", 64, "Samples per step.")
-flags.DEFINE_integer("num_stages", 4, "Stages of the straight pipeline (one virtual CPU device each).")
+harness.define_straight_pipeline_flags()
 flags.DEFINE_list("micro_batches", ["1", "4", "16", "64"], "M values to measure.")
 flags.DEFINE_enum("optimizer", "adam", ["sgd", "adam"], "Optimizer.")
 flags.DEFINE_integer("steps", 5, "Steady steps timed after the first (median kept).")

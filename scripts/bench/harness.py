@@ -73,6 +73,18 @@ def layer_names(spec, batch_size: int) -> List[str]:
     return list(recorder.names)
 
 
+def define_straight_pipeline_flags() -> None:
+    """The model and pipeline flags of the benchmarks that time a straight pipeline of a reference model on virtual
+    CPU devices (build, step_ab): BERT-24 at hidden 64, batch 64, 4 stages by default."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+
+    flags.DEFINE_string("model", "bert", "Reference model.")
+    flags.DEFINE_string("config", "tiny", "Reference model config.")
+    flags.DEFINE_string("model_flags", "num_layers=24,hidden=64,heads=2,ffn=128", "Model overrides key=value,...")
+    flags.DEFINE_integer("global_batch_size", 64, "Samples per step.")
+    flags.DEFINE_integer("num_stages", 4, "Stages of the straight pipeline (one virtual CPU device each).")
+
+
 def straight_plan(names: Sequence[str], num_stages: int, num_micro_batches: int):
     """A dapple_tf.Plan of `num_stages` stages of consecutive layers (`names`), as even as the count allows, stage s
     on /device:CPU:s."""
