@@ -72,7 +72,11 @@ def device_peaks(target, schedule, stage_functions, steps=3):
 
 def main(schedules):
     spec = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{_free_port()}" for _ in range(2)]})
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": 1})
+    # One inter-op thread per task: a call op's arguments (stage functions) are released by the thread that
+    # launched it, which under CPU contention can run after the task's next call has started, so a step's peak
+    # then counts a micro-batch's activations twice (TF 2.21 beside a test run: 12 of 120 steps, +512 or
+    # +1024 KiB on the first stage; 0 of 120 with one thread).
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 1}, inter_op_parallelism_threads=1)
     servers = [tf.distribute.Server(spec, "worker", task, config=config) for task in range(2)]
     result = {schedule: {rewrite: device_peaks(servers[0].target, schedule, rewrite == "functions")
                          for rewrite in ("clones", "functions")}

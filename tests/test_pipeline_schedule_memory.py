@@ -31,21 +31,21 @@ def peaks():
 @pytest.mark.parametrize("rewrite", ["clones", "functions"])
 def test_zb_h1_keeps_the_1f1b_peak_and_gpipe_does_not(peaks, rewrite):
     by_schedule = {s: peaks[s][rewrite] for s in SCHEDULES}
-    dapple, zb_h1 = by_schedule["dapple"], by_schedule["zb-h1"]
+    dapple, zb_h1, zb_h2 = by_schedule["dapple"], by_schedule["zb-h1"], by_schedule["zb-h2"]
     activation = 4 * 4 * MICRO_BATCH * WIDTH  # one layer's four tanh outputs for one micro-batch
-    # The highest device peak, on the first stage (two micro-batches in flight): ZB-H1 within 5% of 1F1B (measured
-    # equal with both rewrites). The first stage runs 1F1B's order with each W right after its B.
-    assert max(zb_h1) <= 1.05 * max(dapple), by_schedule
+    # The first stage's peaks are the same run to run (one inter-op thread per task; 20 runs of the probe in each
+    # environment beside a test run). It has the highest peak (two micro-batches in flight); ZB-H1 runs 1F1B's
+    # order there with each W right after its B, so its peak is 1F1B's, byte for byte.
+    assert zb_h1[0] == dapple[0], by_schedule
     assert dapple[0] > dapple[1], by_schedule
-    # what is measured moves with the schedule: GPipe holds all four micro-batches, ZB-H2 more warm-up forwards.
-    # (The last stage's deferred W shows too, +0 to +1.5 activation, but its 1F1B peak moves by a fifth between
-    # runs with two tasks: 1089-1345 KiB, zb-h1 1345-1473.)
+    # ZB-H2's one more warm-up forward holds exactly a micro-batch of the first stage's two layers.
+    assert zb_h2[0] - dapple[0] == 2 * activation, by_schedule
+    # The last stage's deferred W keeps a micro-batch's saved activations a while longer: +256 KiB (one activation)
+    # with cloned stages, +256 to +384 KiB with stage functions over those 40 runs. Its peaks move by up to 128 KiB
+    # with when the first stage's activations (64 KiB each) arrive.
+    assert zb_h1[1] - dapple[1] > activation / 2, by_schedule
+    # GPipe holds all four micro-batches before its first backward.
     assert all(g > d + activation for g, d in zip(by_schedule["gpipe"], dapple)), by_schedule
-    assert max(by_schedule["zb-h2"]) > 1.2 * max(dapple), by_schedule
-    # The first stage's peaks do not move between runs (20 runs of the probe, both rewrites: dapple 1664 / 2112 KiB,
-    # zb-h2 2176 / 2624, the last stage's 1089-1410 moved): ZB-H2's one more warm-up forward there holds exactly a
-    # micro-batch of its two layers.
-    assert by_schedule["zb-h2"][0] - dapple[0] == 2 * activation, by_schedule
 
 
 def test_step_allocation_peaks_sum_records_in_time_order():
