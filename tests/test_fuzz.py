@@ -49,6 +49,21 @@ def test_bad_seeds_and_impossible_cases_are_named():
     assert result.stderr.strip().endswith("needs 9 devices; the harness has 8"), result.stderr
 
 
+def test_a_failing_run_reports_what_tensorflow_said_not_its_preamble():
+    import tensorflow as tf
+
+    from scripts.bench.fuzz_worker import error_line
+
+    cycle = tf.errors.InvalidArgumentError(None, None, "Graph execution error:\n\nGraph is invalid, contains a cycle "
+                                                       "with 805 nodes, including: _SINK")
+    assert error_line(cycle) == "Graph is invalid, contains a cycle with 805 nodes, including: _SINK"
+    shapes = tf.errors.InvalidArgumentError(None, None, "Graph execution error:\n\nDetected at node 'x' defined at "
+                                                        "(most recent call last):\n  File \"a.py\", line 1\n\n"
+                                                        "Incompatible shapes: [2] vs. [3]\n\t [[{{node x}}]]")
+    assert error_line(shapes) == "Incompatible shapes: [2] vs. [3]"
+    assert error_line(ValueError("the pipeline trains ['w']")) == "the pipeline trains ['w']"
+
+
 def test_an_ill_conditioned_case_is_held_to_twice_its_own_movement():
     from scripts.bench import fuzz
 

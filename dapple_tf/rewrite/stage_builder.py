@@ -364,8 +364,7 @@ class StageBuilder:
             grad = input_grads.get(ext.tensor.name)
             if grad is None:
                 grad = tf.zeros_like(clone.inputs[ext.tensor.name])
-            sent.append(tf.convert_to_tensor(grad))
-            self._send_input_grad(ext, s, m, j, sent[-1])
+            sent.extend(self._send_input_grad(ext, s, m, j, tf.convert_to_tensor(grad)))
         for ext in trainable:
             grad = weight_grads.get(ext.tensor.name)
             if grad is not None:
@@ -417,13 +416,15 @@ class StageBuilder:
         return ({e.tensor.name: by_name[e.tensor.name] for e in boundary},
                 {e.tensor.name: by_name[e.tensor.name] for e in trainable})
 
-    def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> None:
-        """Cuts the gradient of consumer replica j's input into pieces for the producer replicas."""
+    def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> List[tf.Tensor]:
+        """Cuts the gradient of consumer replica j's input into pieces for the producer replicas; returns them (what
+        the task sends: part of its B, which zero-bubble schedules run before its W)."""
         p = ext.producer_stage
         if not ext.batch_major:
             self._broadcast_outputs.add((p, ext.tensor.name))
             self._grad_pieces.setdefault((p, m, 0, ext.tensor.name), {}).setdefault(s, []).append((0, grad))
-            return
+            return [grad]
+        pieces = []
         sizes = self._sizes[s]
         start = microbatch.offsets(sizes)[j]
         producer_offsets = microbatch.offsets(self._sizes[p])
@@ -432,6 +433,8 @@ class StageBuilder:
             piece = grad if count == sizes[j] else grad[row * k : (row + count) * k]
             first_row = start + row - producer_offsets[i]
             self._grad_pieces.setdefault((p, m, i, ext.tensor.name), {}).setdefault(s, []).append((first_row, piece))
+            pieces.append(piece)
+        return pieces
 
     def _gather_output_grad(self, s: int, m: int, j: int, name: str):
         per_consumer = self._grad_pieces.get((s, m, j, name))

@@ -10,6 +10,15 @@ import sys
 import traceback
 
 
+def error_line(error: Exception) -> str:
+    """The line of `error`'s message that says what went wrong: a TensorFlow error opens with "Graph execution
+    error:" and the stack of the op's definition, then gives its message."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    said = [line for line in lines if not line[0].isspace() and line.strip() != "Graph execution error:"
+            and not line.startswith("Detected at node")]
+    return (said or lines or [""])[0]
+
+
 def main() -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # results only: TF and Python warnings go to stderr
@@ -23,7 +32,7 @@ def main() -> int:
         try:
             result = fuzz_case.run(fuzz_grammar.Case.from_json(line))
         except Exception as e:  # pylint: disable=broad-except  # the harness reports it as the case's failure
-            result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500],
+            result = {"error": f"{type(e).__name__}: {error_line(e)}"[:500],
                       "traceback": traceback.format_exc()[-3000:]}
         out.write(json.dumps(result) + "\n")
         out.flush()
