@@ -56,7 +56,8 @@ def device_peaks(target, schedule, stage_functions, steps=3):
         plan = dapple_tf.Plan.from_stages([(0, 1, [_device(0)]), (2, 4, [_device(1)])], M)
         handle = dapple_tf.build_pipeline(equal_stages_model_fn, x, y, tf.compat.v1.train.GradientDescentOptimizer(0.1),
                                           plan, dapple_tf.PipelineOptions(schedule=schedule,
-                                                                          stage_functions=stage_functions))
+                                                                          stage_functions=stage_functions,
+                                                                          traced_functions=True))
         peaks = []
         with tf.compat.v1.Session(target, config=handle.session_config(tf.compat.v1.ConfigProto())) as sess:
             sess.run(handle.initializer)

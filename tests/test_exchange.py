@@ -73,7 +73,7 @@ def test_weight_gradients_wait_for_the_input_gradients_of_a_later_stage(stage_fu
                 marker = graph.get_operation_by_name(markers[0])
                 ops = [graph.get_operation_by_name(n) for n in names]
                 if stage_functions:
-                    weight_ops = [op for op in ops if op.type.endswith("PartitionedCall")
+                    weight_ops = [op for op in ops if op.type == "RemoteCall"
                                   and op.name not in handle.input_gradient_op_names[key]]
                 else:
                     weight_ops = [op for op in ops if op.name.endswith("MatMul_1")]

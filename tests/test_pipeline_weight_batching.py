@@ -90,6 +90,7 @@ def test_stages_are_cloned_where_functions_would_not_stack(monkeypatch):
     from dapple_tf.rewrite import stage_function
 
     monkeypatch.setattr(stage_function, "AUTO_CLONED_OPS", 0)  # every model "large"
+    monkeypatch.setattr(stage_function, "AUTO_COPIES", 0)
     stages, handles = [(0, 1, [cpu(0)]), (2, 4, [cpu(1)])], []
     _ran_matmuls("dapple", stages, 2, handles=handles)
     assert handles[-2].function_call_ops  # the default picks functions at this size

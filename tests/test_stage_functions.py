@@ -44,21 +44,38 @@ def test_functions_add_call_sites_per_micro_batch_not_the_models_ops():
         assert functions[m][2].function_fallbacks == {}
 
 
-def test_calls_skip_shape_inference_and_the_session_config_turns_the_function_optimizer_off():
-    """Call ops carry the traced function's output shapes (not inferred through the body at each call) and follow
-    a reference-typed operation on their device (XLA's scan then skips their bodies); where the
-    stages' calls are the graph's only function calls, the handle's session config turns grappler's function
-    optimizer off for the outer graph, and leaves it on for clones or when something else calls a function."""
-    off = tf.compat.v1.ConfigProto()
-    off.graph_options.rewrite_options.function_optimization = off.graph_options.rewrite_options.OFF
+def _reference_typed_stops(op):
+    return [c for c in op.control_inputs if any(t.dtype._is_ref_dtype for t in c.outputs)]
+
+
+def test_calls_are_remote_calls_on_their_own_device_with_the_traced_shapes():
+    """By default each call is a RemoteCall aimed at its own device (an empty target), carries the traced function's
+    output shapes and follows a reference-typed operation on its device (XLA's scan then skips its body); grappler's
+    function optimizer leaves such calls alone, so the handle's session config is the caller's."""
     _, _, handle = build(4, True)
     assert len(handle.function_call_ops) == 4 * (2 + 3)  # per micro-batch: stage 0 F and W; stage 1 F, B and W
     for op in handle.function_call_ops:
-        assert op.get_attr("_disable_call_shape_inference")
+        assert op.type == "RemoteCall", op.type
+        assert tf.get_static_value(op.inputs[0]) == b"", op.inputs[0]
         assert all(t.shape.is_fully_defined() for t in op.outputs), op.name
-        # a control input with a reference-typed output on the call's device spares it XLA's reference scan
-        stops = [c for c in op.control_inputs if any(t.dtype._is_ref_dtype for t in c.outputs)]
-        assert [c.device for c in stops] == [op.device], (op.name, op.control_inputs)
+        assert [c.device for c in _reference_typed_stops(op)] == [op.device], (op.name, op.control_inputs)
+    base = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=3)
+    assert handle.session_config(base) is base and handle.session_config() is None
+
+
+def test_traced_calls_skip_shape_inference_and_the_session_config_turns_the_function_optimizer_off():
+    """PipelineOptions(traced_functions=True): PartitionedCall ops (their bodies in a traced step), made without
+    shape inference through the body; where the stages' calls are the graph's only function calls, the handle's
+    session config turns grappler's function optimizer off for the outer graph, and leaves it on for clones or when
+    something else calls a function."""
+    off = tf.compat.v1.ConfigProto()
+    off.graph_options.rewrite_options.function_optimization = off.graph_options.rewrite_options.OFF
+    _, _, handle = build(4, True, traced_functions=True)
+    assert len(handle.function_call_ops) == 4 * (2 + 3)
+    for op in handle.function_call_ops:
+        assert op.type == "PartitionedCall" and op.get_attr("_disable_call_shape_inference")
+        assert all(t.shape.is_fully_defined() for t in op.outputs), op.name
+        assert [c.device for c in _reference_typed_stops(op)] == [op.device], (op.name, op.control_inputs)
     base = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=3)
     config = handle.session_config(base)
     assert config.intra_op_parallelism_threads == 3 and config.graph_options == off.graph_options
@@ -72,14 +89,88 @@ def test_calls_skip_shape_inference_and_the_session_config_turns_the_function_op
     assert handle.session_config(base) is base
 
 
+def test_traced_calls_record_their_bodies_in_a_traced_step_and_remote_calls_do_not():
+    """What traced_functions is for: a FULL_TRACE step's step stats list the bodies' operations (the toy model's
+    MatMuls) for PartitionedCall stages, and only the call operations for RemoteCall stages."""
+    x, y = toy_models.batch(16)
+
+    def traced_types(traced):
+        with tf.Graph().as_default():
+            handle = dapple_tf.build_pipeline(
+                toy_models.skip_model_fn(toy_models.initial_values()), tf.constant(x), tf.constant(y),
+                tf.compat.v1.train.GradientDescentOptimizer(0.1), dapple_tf.Plan.from_stages(STAGES, 2),
+                dapple_tf.PipelineOptions(stage_functions=True, traced_functions=traced))
+            with tf.compat.v1.Session(config=handle.session_config(tf.compat.v1.ConfigProto(
+                    device_count={"CPU": 2}))) as sess:
+                sess.run(handle.initializer)
+                metadata = tf.compat.v1.RunMetadata()
+                sess.run(handle.train_op, options=tf.compat.v1.RunOptions(trace_level=3), run_metadata=metadata)
+        return [n.timeline_label.split(" = ")[-1].split("(")[0] for d in metadata.step_stats.dev_stats
+                for n in d.node_stats]
+
+    traced, remote = traced_types(True), traced_types(False)
+    assert traced.count("PartitionedCall") == 10 and any("MatMul" in t for t in traced), sorted(set(traced))
+    assert remote.count("RemoteCall") == 10 and not any("MatMul" in t for t in remote), sorted(set(remote))
+
+
 def test_default_uses_functions_when_the_clones_would_be_large():
+    """Functions when the forward clones would pass both AUTO_COPIES copies of the stages and AUTO_CLONED_OPS
+    operations; the toy model's clones are small at any M here."""
     stage = types.SimpleNamespace(ops=[None] * 1000, stage=types.SimpleNamespace(devices=["a", "b"]))
-    assert stage_function.AUTO_CLONED_OPS == 100_000
-    assert not stage_function.use_functions(None, [stage], 50)  # 1000 ops x 2 replicas x 50 = 100,000
-    assert stage_function.use_functions(None, [stage], 51)
+    assert (stage_function.AUTO_CLONED_OPS, stage_function.AUTO_COPIES) == (10_000, 4)
+    assert not stage_function.use_functions(None, [stage], 2)  # 1000 ops x 2 replicas x 2 = 4 copies
+    assert stage_function.use_functions(None, [stage], 6)  # 12,000 ops, 12 copies
+    small = types.SimpleNamespace(ops=[None] * 100, stage=types.SimpleNamespace(devices=["a"]))
+    assert not stage_function.use_functions(None, [small], 100)  # 100 copies, 10,000 operations
+    assert stage_function.use_functions(None, [small], 101)
+    big = types.SimpleNamespace(ops=[None] * 20_000, stage=types.SimpleNamespace(devices=["a"]))
+    assert not stage_function.use_functions(None, [big], 4) and stage_function.use_functions(None, [big], 5)
     assert stage_function.use_functions(True, [stage], 1) and not stage_function.use_functions(False, [stage], 99)
-    _, library, _ = build(2, None)  # the toy model's clones are small: imported per micro-batch
+    _, library, _ = build(8, None)  # the toy model's clones are small: imported per micro-batch
     assert library == []
+
+
+def deep_model_fn(depth):
+    """`depth` tanh layers of width 8 (layers "l0", ...), then a softmax head: a model whose size the test picks."""
+    def model_fn(features, labels):
+        rng = np.random.RandomState(0)
+        h = features
+        for i in range(depth):
+            with dapple_tf.layer(f"l{i}"):
+                w = tf.compat.v1.get_variable(f"w{i}", initializer=tf.constant(rng.randn(8, 8).astype(np.float32) / 3))
+                h = tf.tanh(tf.matmul(h, w))
+        with dapple_tf.layer("head"):
+            w = tf.compat.v1.get_variable("head", initializer=tf.constant(rng.randn(8, 2).astype(np.float32)))
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.matmul(h, w)))
+    return model_fn
+
+
+def test_the_defaults_operations_per_micro_batch_do_not_grow_with_the_model(monkeypatch):
+    """build_pipeline's defaults once the clones pass AUTO_CLONED_OPS (lowered here for small models) and
+    AUTO_COPIES (M=8, M=12): each extra micro-batch adds the same operations (the calls and their feeds) to a model
+    of 4 layers and to one of 16, where the clones add a copy of the model (counts)."""
+    monkeypatch.setattr(stage_function, "AUTO_CLONED_OPS", 0)
+    x = np.random.RandomState(1).randn(24, 8).astype(np.float32)
+    y = np.arange(24, dtype=np.int32) % 2
+
+    def ops(depth, m, stage_functions):
+        with tf.Graph().as_default() as graph:
+            half = depth // 2
+            plan = dapple_tf.Plan.from_stages([("l0", f"l{half - 1}", [cpu(0)]), (f"l{half}", "head", [cpu(1)])], m)
+            handle = dapple_tf.build_pipeline(deep_model_fn(depth), tf.constant(x), tf.constant(y),
+                                              tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                              dapple_tf.PipelineOptions(stage_functions=stage_functions))
+            return len(graph.get_operations()), bool(handle.function_call_ops)
+
+    assert ops(4, 2, None)[1] is False  # 4 copies: clones
+    per_m, clones_per_m = {}, {}
+    for depth in (4, 16):
+        (at8, functions8), (at12, functions12) = ops(depth, 8, None), ops(depth, 12, None)
+        assert functions8 and functions12
+        per_m[depth] = (at12 - at8) / 4
+        clones_per_m[depth] = (ops(depth, 12, False)[0] - ops(depth, 8, False)[0]) / 4
+    assert per_m[4] == per_m[16] < clones_per_m[4] < clones_per_m[16], (per_m, clones_per_m)
+    assert clones_per_m[16] > 3 * per_m[16], (per_m, clones_per_m)
 
 
 def test_a_replicated_stage_imports_its_last_backward_for_the_allreduce_overlap():
@@ -91,7 +182,7 @@ def test_a_replicated_stage_imports_its_last_backward_for_the_allreduce_overlap(
     last = max(t.micro_batch for t in handle.schedule.stage_tasks[0] if t.kind == "B")
     for m in range(4):
         forward = graph_ops[(0, "F", m, 0)]
-        calls = [n for n in forward if n.endswith("PartitionedCall")]
+        calls = [n for n in forward if n.endswith("RemoteCall")]
         assert bool(calls) == (m != last), (m, calls)
 
 

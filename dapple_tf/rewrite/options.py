@@ -29,9 +29,12 @@ class PipelineOptions:
         ALLREDUCE_BUCKET_BYTES, what the planner's cost model assumes); 0: one bucket per variable.
     stage_functions: True builds each stage once, as functions called per micro-batch and replica
         (stage_function.py; a stage it does not cover is imported per clone: PipelineHandle.function_fallbacks):
-        the graph and the first step no longer grow with the model's ops times M, at some step time and
-        activation memory. False imports every stage per micro-batch and replica. None: functions when the
-        clones would hold more than stage_function.AUTO_CLONED_OPS operations.
+        the graph and the first step no longer grow with the model's ops times M. False imports every stage per
+        micro-batch and replica. None: functions when the clones would be large (stage_function.use_functions).
+    traced_functions: stage functions are called so that a traced step (RunOptions FULL_TRACE) records their
+        bodies' operations (per-operation timelines and memory peaks): PartitionedCall ops, which step slower
+        (run them with PipelineHandle.session_config). False: RemoteCall ops on their own device, whose traces
+        show each call as one operation (stage_function.py).
     cross_process_reduce: sums gradients across processes after the in-process AllReduce
         (gradients.reduce_and_pair; dapple_tf.frontends.horovod passes it).
     input_gradients_first: inside each backward task of schedules dapple, gpipe and interleaved, the
@@ -53,6 +56,7 @@ class PipelineOptions:
     batch_norm: str = "per_slice"
     allreduce_bucket_bytes: Optional[int] = None
     stage_functions: Optional[bool] = None
+    traced_functions: bool = False
     cross_process_reduce: Optional[Callable] = None
     input_gradients_first: bool = True
     clip_global_norm: Optional[float] = None

@@ -63,13 +63,14 @@ class PipelineHandle:
     global_norm: Optional[tf.Tensor] = None  # with clip_global_norm: the gradients' global norm before clipping
 
     def session_config(self, config: Optional[tf.compat.v1.ConfigProto] = None) -> Optional[tf.compat.v1.ConfigProto]:
-        """The config to run this pipeline with: where stages run as functions and nothing else in the graph calls
-        functions, a copy of `config` (None: the one tf.compat.v1.Session would use, with this process's logical
-        devices) with grappler's function optimizer off for the outer graph; else `config` itself. The optimizer's
-        work per call site made the first step grow with M (BERT-24, 4 stages, M=64: 66.7 -> 43.7 s); each device
-        still optimizes a stage's body when it first calls it, and the steady step is the same."""
-        if not self.function_call_ops or stage_function.needs_function_optimizer(self.train_op.graph,
-                                                                                 self.function_call_ops):
+        """The config to run this pipeline with: where stages run as PartitionedCall functions
+        (PipelineOptions.traced_functions) and nothing else in the graph calls functions, a copy of `config` (None:
+        the one tf.compat.v1.Session would use, with this process's logical devices) with grappler's function
+        optimizer off for the outer graph; else `config` itself. The optimizer's work per call site made the first
+        step grow with M (BERT-24, 4 stages, M=64: 66.7 -> 43.7 s); each device still optimizes a stage's body when
+        it first calls it, and the steady step is the same. The default RemoteCall ops are not the optimizer's."""
+        partitioned = [op for op in self.function_call_ops if op.type != "RemoteCall"]
+        if not partitioned or stage_function.needs_function_optimizer(self.train_op.graph, self.function_call_ops):
             return config
         out = tf.compat.v1.ConfigProto()
         out.CopyFrom(config if config is not None else context.context().config)
@@ -146,7 +147,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     sync = options.batch_norm == batch_norm_lib.SYNC
     updates = batch_norm_lib.prepare(template, created, layout, sync)
     builder = StageBuilder(graph, template, layout, copies, trainable, sync_keys=keys if sync else None,
-                           stage_functions=options.stage_functions, sync_statistics=updates.synchronized,
+                           stage_functions=options.stage_functions, traced_functions=options.traced_functions,
+                           sync_statistics=updates.synchronized,
                            input_gradients_first=options.input_gradients_first,
                            square_sparse=options.clip_global_norm is not None)
     builder.build_forward()

@@ -93,6 +93,7 @@ class StageBuilder:
         trainable: set,
         sync_keys: collectives.CollectiveKeys = None,
         stage_functions: bool = None,
+        traced_functions: bool = False,
         sync_statistics: Sequence[Dict[str, object]] = None,
         input_gradients_first: bool = True,
         square_sparse: bool = False,
@@ -103,6 +104,7 @@ class StageBuilder:
         None: every training-mode fused norm).
         stage_functions: build stages as functions (stage_function.py) where they can be: True, False, or None
         (when the clones would be large).
+        traced_functions: their calls are PartitionedCall ops, whose bodies a traced step records (PipelineOptions).
         input_gradients_first: each backward task runs its input gradients first (PipelineOptions).
         square_sparse: the accumulator keeps the squares of gathered rows' gradients (global-norm clipping)."""
         if not input_gradients_first and (layout.schedule.splits_backward or layout.schedule.kind == BATCHED_W):
@@ -130,6 +132,7 @@ class StageBuilder:
         self._keys_per_clone_group = [0] * len(template.stages)  # instance keys of a stage's synced batch norms
         self._gradient_split: Dict[Tuple[int, int, int], tuple] = {}  # backward task -> (input, weight grads, device)
         self._stage_functions = stage_functions
+        self._traced_functions = traced_functions
         self._input_gradients_first = input_gradients_first
         self._functions: Dict[int, stage_function.StageFunctions] = {}
         self.function_fallbacks: Dict[int, str] = {}  # stage -> why it is imported per clone
@@ -230,7 +233,7 @@ class StageBuilder:
             )
             try:
                 self._functions[s] = stage_function.StageFunctions(graph_defs[s].graph_def, signature,
-                                                                   f"dapple_stage{s}")
+                                                                   f"dapple_stage{s}", self._traced_functions)
             except (ValueError, TypeError) as e:  # a stage shape the cut does not handle: clones, with the reason
                 self.function_fallbacks[s] = f"it could not be built as functions: {e}"
 

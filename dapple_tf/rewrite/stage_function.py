@@ -15,15 +15,22 @@ output gradients, the loss weight, tensors another part made) and whose outputs 
 and the caller read. A forward task is one F call; a backward task is a B call then a W call. B and W
 are the zero-bubble B/W split, here two calls of one task (tasks.input_gradients_first orders them).
 
-Six things keep the build and the first step from growing with M again: the functions are marked `_noinline`
-(an inlined call puts every micro-batch's body back into the graph the first step optimizes); no call argument
-is a constant (grappler specializes, i.e. copies and optimizes, a function per call site with a constant
-argument); the bodies hold no variable read (a stateful function is instantiated per call site): the
-stage takes variable values, read once per step and device (variable_reads.py); a call op is created without
-shape inference through its body (its outputs take the traced shapes); every call has a reference-typed
-control input, which spares it XLA's scan for reference variables (StageFunctions._ref_scan_stop); and the
-session runs the outer graph without grappler's function optimizer (PipelineHandle.session_config), which
-builds every call site's body.
+A call is a `RemoteCall` op aimed at its own device (an empty target: the caller's). TensorFlow runs its body
+on that device's function runtime: instantiated once per device and function, not optimized by grappler per call
+site (grappler's function optimizer only handles PartitionedCall and direct calls), and stepping without the
+session's step-stats bookkeeping per operation. On BERT-24 at M=16 that steps in 0.56x the clones' time where a
+PartitionedCall steps in 1.03x, and starts in 2x plain TF's time (docs/performance.md, "Calls"). What it costs: a
+traced step (RunMetadata) records each call as one operation, not its body's. `traced=True` (PipelineOptions
+traced_functions) makes PartitionedCall ops instead, whose bodies a trace records. Five more things keep the build
+and the first step from growing with M again: the functions are marked `_noinline` (an inlined call puts every
+micro-batch's body back into the graph the first step optimizes); no call argument is a constant (grappler
+specializes, i.e. copies and optimizes, a PartitionedCall's function per call site with a constant argument); the
+bodies hold no variable read (a stateful function is instantiated per call site): the stage takes variable values,
+read once per step and device (variable_reads.py); a call op is created without shape inference through its body
+(its outputs take the traced shapes); every call has a reference-typed control input, which spares it XLA's scan
+for reference variables (StageFunctions._ref_scan_stop). With PartitionedCall calls, the session should also run
+the outer graph without grappler's function optimizer (PipelineHandle.session_config), which builds every call
+site's body.
 A call runs on its caller's device, and so does each operation of its body.
 
 A stage runs as functions unless `unsupported_reason` names what it holds that this path does not
@@ -40,11 +47,13 @@ from dapple_tf.rewrite import graph_defs as graph_defs_lib, variable_reads
 from dapple_tf.rewrite.graph_walk import ancestors_within
 
 NOINLINE_ATTRIBUTES = {"_noinline": True}
-# build_pipeline's default switches to functions when the forward clones would hold more operations than this
-# (the whole graph then holds some 400,000; BERT-24 at hidden 64, 4 stages: 2,329 per micro-batch, from M=43).
-# Below it the clones' startup is bearable, and they run faster with less activation memory (WORKSPACE_NOTES.md,
-# "Scale of the rewrite").
-AUTO_CLONED_OPS = 100_000
+# build_pipeline's default builds functions when the forward clones (every stage's operations per replica and
+# micro-batch) would be more than AUTO_COPIES copies of the stages and more than AUTO_CLONED_OPS operations. Below
+# that the clones' first step is bearable and they step as fast or faster (BERT-24 at hidden 64, 4 stages, 2,329
+# forward operations a copy, A/B in one process: M=4 clones 0.208 s, RemoteCall functions 0.223 s; M=16 0.490 s
+# against 0.275 s, the clones' first step 14x plain TF's there; docs/performance.md, "Calls").
+AUTO_CLONED_OPS = 10_000
+AUTO_COPIES = 4
 _V1_CONTROL_FLOW = {"Enter", "RefEnter", "Exit", "RefExit", "Switch", "RefSwitch", "Merge", "NextIteration"}
 
 
@@ -67,11 +76,12 @@ def needs_function_optimizer(graph: tf.Graph, stage_calls: Sequence[tf.Operation
 
 def use_functions(requested: Optional[bool], stages, num_micro_batches: int) -> bool:
     """Whether to build stages as functions: `requested` (build_pipeline's stage_functions) when given, else
-    whether the forward clones (every stage's operations, per replica and micro-batch) would pass AUTO_CLONED_OPS."""
+    whether the forward clones would pass both AUTO_COPIES copies of the stages and AUTO_CLONED_OPS operations."""
     if requested is not None:
         return bool(requested)
+    one_copy = sum(len(st.ops) for st in stages)
     cloned = sum(len(st.ops) * len(st.stage.devices) for st in stages) * num_micro_batches
-    return cloned > AUTO_CLONED_OPS
+    return cloned > AUTO_CLONED_OPS and cloned > AUTO_COPIES * one_copy
 
 
 def unsupported_reason(stage: graph_defs_lib.StageGraphDef, recompute: bool, synced: bool) -> Optional[str]:
@@ -120,9 +130,10 @@ def _not_constant(t: tf.Tensor) -> tf.Tensor:
 class StageFunctions:
     """The F, B and W functions of one stage (see the module docstring)."""
 
-    def __init__(self, graph_def: tf.compat.v1.GraphDef, signature: StageSignature, name: str):
+    def __init__(self, graph_def: tf.compat.v1.GraphDef, signature: StageSignature, name: str, traced: bool = False):
         self.signature = signature
         self._name = name
+        self._traced = traced  # PartitionedCall ops, whose bodies a traced step records; else RemoteCall ops
         self._reads: Dict[str, tf.Tensor] = {}  # handle tensor name -> its value, read once per step
         self._feed_of: Dict[str, str] = {}  # scratch placeholder name -> template tensor name
         self._value_of: Dict[str, Tuple[str, tf.DType]] = {}  # scratch placeholder -> (handle name, dtype)
@@ -262,7 +273,8 @@ class StageFunctions:
         """Calls `part` with its inputs from `env` (scratch name -> tensor) and adds its outputs to `env`. The call
         op is made directly from the function traced for these argument shapes (tf.function's own dispatch costs
         ~19 ms of build per call, BERT-24 stages), without TF's shape inference through the body at each call
-        (`_disable_call_shape_inference`: ~40 ms per call there): its outputs take the traced function's shapes."""
+        (a PartitionedCall's `_disable_call_shape_inference`: ~40 ms per call there; a RemoteCall's outputs have
+        unknown shapes): its outputs take the traced function's shapes."""
         args = [env[n] for n in part.inputs]
         signature = tuple((t.dtype, tuple(t.shape.as_list()) if t.shape.rank is not None else None) for t in args)
         if signature not in part.traced:
@@ -272,10 +284,15 @@ class StageFunctions:
         concrete.add_to_graph(graph)
         definition = concrete.function_def.signature
         attrs = {"f": attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=definition.name)),
-                 "Tin": _types(args), "Tout": _types(concrete.outputs),
-                 "_disable_call_shape_inference": attr_value_pb2.AttrValue(b=True)}
-        op = graph.create_op("StatefulPartitionedCall" if definition.is_stateful else "PartitionedCall", args,
-                             [t.dtype for t in concrete.outputs], attrs=attrs)
+                 "Tin": _types(args), "Tout": _types(concrete.outputs)}
+        result_types = [t.dtype for t in concrete.outputs]
+        if self._traced:
+            attrs["_disable_call_shape_inference"] = attr_value_pb2.AttrValue(b=True)
+            op = graph.create_op("StatefulPartitionedCall" if definition.is_stateful else "PartitionedCall", args,
+                                 result_types, attrs=attrs)
+        else:  # an empty target: the device the call runs on
+            op = graph.create_op("RemoteCall", [tf.constant("", name=f"{self._name}_target")] + args, result_types,
+                                 attrs=attrs)
         for result, traced in zip(op.outputs, concrete.outputs):
             result.set_shape(traced.shape)
         op._add_control_inputs([self._ref_scan_stop(graph, op.device)])  # pylint: disable=protected-access

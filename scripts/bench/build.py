@@ -80,7 +80,8 @@ def measure(tf, spec, micro_batches, config, rewrite="functions"):
 
 
 def _print_row(row, plain, base):
-    """One table row; base: the row of the first M measured with the same rewrite (for ops per extra M)."""
+    """One table row; base: the row of the first M measured with the same rewrite and, for the default, the same
+    choice of clones or functions (for ops per extra M)."""
     total = row["build_s"] + row["init_s"] + row["first_step_s"]
     ratio = total / (plain["build_s"] + plain["init_s"] + plain["first_step_s"])
     extra = ""
@@ -110,11 +111,11 @@ def main(argv):
     rows = [plain]
     _print_row(plain, plain, None)
     for rewrite in FLAGS.rewrites:
-        base = None
+        bases = {}  # what the rewrite built (the default picks clones or functions by size) -> its first row
         for m in [int(m) for m in FLAGS.micro_batches]:
             rows.append(measure(tf, spec, m, config, rewrite))
-            _print_row(rows[-1], plain, base)
-            base = base or rows[-1]
+            _print_row(rows[-1], plain, bases.get(rows[-1]["chose"]))
+            bases.setdefault(rows[-1]["chose"], rows[-1])
     harness.write_rows(FLAGS.json, rows)
     return 0
 

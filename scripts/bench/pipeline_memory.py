@@ -88,8 +88,9 @@ def measure(schedule, num_micro_batches, recompute, hidden, micro_batch_size, la
         half = layers // 2
         plan = harness.cpu_plan([(0, half - 1, [0]), (half, layers, [1])], num_micro_batches)
         handle = dapple_tf.build_pipeline(model_fn_for(hidden, layers, depth), x, y, harness.optimizer(), plan,
-                                          dapple_tf.PipelineOptions(schedule=schedule, recompute=recompute))
-        with tf.compat.v1.Session(config=harness.cpu_config(2)) as sess:
+                                          dapple_tf.PipelineOptions(schedule=schedule, recompute=recompute,
+                                                                    traced_functions=True))
+        with tf.compat.v1.Session(config=handle.session_config(harness.cpu_config(2))) as sess:
             sess.run(handle.initializer)
             step = [handle.loss, handle.train_op]  # a training loop's fetches: the loss too
             sess.run(step)  # warm-up: allocator pools, constant folding

@@ -48,10 +48,10 @@ def measured_peaks(spec, plan, global_batch, steps=3):
         features = tf.nest.map_structure(tf.constant, x)
         labels = tf.nest.map_structure(tf.constant, y)
         handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, harness.optimizer(), plan,
-                                          dapple_tf.PipelineOptions(schedule="dapple"))
+                                          dapple_tf.PipelineOptions(schedule="dapple", traced_functions=True))
         variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
         metas = []
-        with tf.compat.v1.Session(config=harness.cpu_config(2)) as sess:
+        with tf.compat.v1.Session(config=handle.session_config(harness.cpu_config(2))) as sess:
             sess.run(handle.initializer)
             warmup = tf.compat.v1.RunMetadata()  # its partition graphs hold the constants each device keeps
             sess.run(handle.train_op, run_metadata=warmup,
