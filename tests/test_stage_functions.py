@@ -63,6 +63,15 @@ def test_calls_are_remote_calls_on_their_own_device_with_the_traced_shapes():
     assert handle.session_config(base) is base and handle.session_config() is None
 
 
+def test_calls_on_gpus_and_traced_calls_stay_partitioned_calls():
+    """RemoteCall is what was measured, on CPUs; a GPU's calls keep grappler's optimization of their bodies."""
+    assert stage_function.call_op_type("/device:CPU:1", traced=False) == "RemoteCall"
+    assert stage_function.call_op_type("/job:worker/replica:0/task:1/device:CPU:0", traced=False) == "RemoteCall"
+    assert stage_function.call_op_type("/device:GPU:0", traced=False) == "PartitionedCall"
+    assert stage_function.call_op_type("/job:worker/task:0/device:GPU:1", traced=False) == "PartitionedCall"
+    assert stage_function.call_op_type("/device:CPU:0", traced=True) == "PartitionedCall"
+
+
 def test_traced_calls_skip_shape_inference_and_the_session_config_turns_the_function_optimizer_off():
     """PipelineOptions(traced_functions=True): PartitionedCall ops (their bodies in a traced step), made without
     shape inference through the body; where the stages' calls are the graph's only function calls, the handle's

@@ -33,8 +33,8 @@ class PipelineOptions:
         micro-batch and replica. None: functions when the clones would be large (stage_function.use_functions).
     traced_functions: stage functions are called so that a traced step (RunOptions FULL_TRACE) records their
         bodies' operations (per-operation timelines and memory peaks): PartitionedCall ops, which step slower
-        (run them with PipelineHandle.session_config). False: RemoteCall ops on their own device, whose traces
-        show each call as one operation (stage_function.py).
+        (run them with PipelineHandle.session_config). False: RemoteCall ops on their own device where it is a
+        CPU, whose traces show each call as one operation; PartitionedCall on GPUs (stage_function.py).
     cross_process_reduce: sums gradients across processes after the in-process AllReduce
         (gradients.reduce_and_pair; dapple_tf.frontends.horovod passes it).
     input_gradients_first: inside each backward task of schedules dapple, gpipe and interleaved, the

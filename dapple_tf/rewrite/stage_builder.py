@@ -187,7 +187,7 @@ class StageBuilder:
                         env = None
                         if s in self._functions and (s, m) not in imported:
                             with tf.name_scope(f"dapple/stage{s}/mb{m}/r{j}"):
-                                env = self._functions[s].forward(feed)
+                                env = self._functions[s].forward(feed, device)
                             by_name = self._functions[s].outputs(env)
                         else:
                             graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}", clone_id)
@@ -388,7 +388,8 @@ class StageBuilder:
         weight = tf.constant(loss_weight, dtype=clone.loss.dtype) if clone.loss is not None else None
         sums = {e.tensor.name: self.accumulator.running_sum(self.template.variable_of_handle[e.tensor.name], device)
                 for e in trainable}
-        return functions.backward(clone.env, grads, weight, {n: t for n, t in sums.items() if t is not None})
+        return functions.backward(clone.env, grads, weight, device,
+                                  {n: t for n, t in sums.items() if t is not None})
 
     def _clone_gradients(self, s, m, j, clone, output_grads, loss_weight, boundary, trainable):
         """`tf.gradients` of an imported clone (or of its recomputed twin): ({input name: gradient},

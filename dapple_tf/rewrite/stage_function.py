@@ -15,7 +15,9 @@ output gradients, the loss weight, tensors another part made) and whose outputs 
 and the caller read. A forward task is one F call; a backward task is a B call then a W call. B and W
 are the zero-bubble B/W split, here two calls of one task (tasks.input_gradients_first orders them).
 
-A call is a `RemoteCall` op aimed at its own device (an empty target: the caller's). TensorFlow runs its body
+A call on a CPU device is a `RemoteCall` op aimed at its own device (an empty target: the caller's), measured on
+CPU only; on other devices (GPU) it stays a PartitionedCall, whose body grappler optimizes (layouts, fusions, the
+mixed precision a session config asks for). TensorFlow runs a RemoteCall's body
 on that device's function runtime: instantiated once per device and function, not optimized by grappler per call
 site (grappler's function optimizer only handles PartitionedCall and direct calls), and stepping without the
 session's step-stats bookkeeping per operation. On BERT-24 at M=16 that steps in 0.56x the clones' time where a
@@ -84,6 +86,11 @@ def use_functions(requested: Optional[bool], stages, num_micro_batches: int) -> 
     return cloned > AUTO_CLONED_OPS and cloned > AUTO_COPIES * one_copy
 
 
+def call_op_type(device: str, traced: bool) -> str:
+    """"RemoteCall" for a call on a CPU device, else "PartitionedCall" (GPUs, or traced: see the module docstring)."""
+    return "RemoteCall" if not traced and tf.DeviceSpec.from_string(device).device_type == "CPU" else "PartitionedCall"
+
+
 def unsupported_reason(stage: graph_defs_lib.StageGraphDef, recompute: bool, synced: bool) -> Optional[str]:
     """Why a stage cannot run as functions, or None when it can."""
     if recompute:
@@ -120,8 +127,9 @@ class _Part:
 
 
 def _not_constant(t: tf.Tensor) -> tf.Tensor:
-    """`t` as a call argument that grappler cannot fold into a constant: a call with a constant argument is
-    specialized (its function copied and optimized) per call site, which brings back a first step that grows with M."""
+    """`t` as a call argument that grappler cannot fold into a constant: a PartitionedCall with a constant argument is
+    specialized (its function copied and optimized) per call site, which brings back a first step that grows with M
+    (RemoteCall ops are not specialized; their arguments take the same path, one build for both)."""
     if t.dtype == tf.resource:
         return t
     return tf.compat.v1.placeholder_with_default(t, t.shape)
@@ -133,7 +141,7 @@ class StageFunctions:
     def __init__(self, graph_def: tf.compat.v1.GraphDef, signature: StageSignature, name: str, traced: bool = False):
         self.signature = signature
         self._name = name
-        self._traced = traced  # PartitionedCall ops, whose bodies a traced step records; else RemoteCall ops
+        self._traced = traced  # PartitionedCall ops, whose bodies a traced step records; else RemoteCall ops on CPUs
         self._reads: Dict[str, tf.Tensor] = {}  # handle tensor name -> its value, read once per step
         self._feed_of: Dict[str, str] = {}  # scratch placeholder name -> template tensor name
         self._value_of: Dict[str, Tuple[str, tf.DType]] = {}  # scratch placeholder -> (handle name, dtype)
@@ -269,8 +277,9 @@ class StageFunctions:
         body.__name__ = name  # the function's name in the graph's library
         return _Part(tf.function(body, autograph=False, experimental_attributes=NOINLINE_ATTRIBUTES), inputs, outputs)
 
-    def _call(self, part: _Part, env: Dict[str, tf.Tensor]) -> None:
-        """Calls `part` with its inputs from `env` (scratch name -> tensor) and adds its outputs to `env`. The call
+    def _call(self, part: _Part, env: Dict[str, tf.Tensor], device: str) -> None:
+        """Calls `part` on `device` (the caller's device scope) with its inputs from `env` (scratch name -> tensor)
+        and adds its outputs to `env`. The call
         op is made directly from the function traced for these argument shapes (tf.function's own dispatch costs
         ~19 ms of build per call, BERT-24 stages), without TF's shape inference through the body at each call
         (a PartitionedCall's `_disable_call_shape_inference`: ~40 ms per call there; a RemoteCall's outputs have
@@ -286,7 +295,7 @@ class StageFunctions:
         attrs = {"f": attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=definition.name)),
                  "Tin": _types(args), "Tout": _types(concrete.outputs)}
         result_types = [t.dtype for t in concrete.outputs]
-        if self._traced:
+        if call_op_type(device, self._traced) == "PartitionedCall":
             attrs["_disable_call_shape_inference"] = attr_value_pb2.AttrValue(b=True)
             op = graph.create_op("StatefulPartitionedCall" if definition.is_stateful else "PartitionedCall", args,
                                  result_types, attrs=attrs)
@@ -313,8 +322,8 @@ class StageFunctions:
                     shape=[], dtype=tf.float32, name=f"{self._name}_ref_scan_stop").op
         return self._ref_scan_stops[device]
 
-    def forward(self, feed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
-        """One F call. Returns env: every scratch tensor it produced (and the feeds), for `backward`.
+    def forward(self, feed: Dict[str, tf.Tensor], device: str) -> Dict[str, tf.Tensor]:
+        """One F call on `device`. Returns env: every scratch tensor it produced (and the feeds), for `backward`.
         The variables it reads are read once per handle (per replica's copy) and step, by the first call."""
         env = {p: _not_constant(feed[t]) for p, t in self._feed_of.items()}
         for p, (t, dtype) in self._value_of.items():
@@ -322,15 +331,15 @@ class StageFunctions:
             if handle.name not in self._reads:
                 self._reads[handle.name] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
             env[p] = self._reads[handle.name]
-        self._call(self._forward, env)
+        self._call(self._forward, env, device)
         return env
 
     def outputs(self, env: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
         return {n: env[s] for n, s in zip(self.signature.outputs, self.forward_outputs)}
 
-    def backward(self, env: Dict[str, tf.Tensor], output_grads: Dict[str, tf.Tensor], loss_weight,
+    def backward(self, env: Dict[str, tf.Tensor], output_grads: Dict[str, tf.Tensor], loss_weight, device: str,
                  running_sums: Dict[str, tf.Tensor] = None):
-        """A B call then a W call. Returns ({input name: gradient}, {handle name: gradient or IndexedSlices},
+        """A B call then a W call on `device`. Returns ({input name: gradient}, {handle name: gradient or IndexedSlices},
         summed). Given `running_sums` for every dense weight gradient (handle name -> the sum so far), W adds its
         gradients to them (no add per variable and micro-batch in the graph), and the dense entries returned are
         the new sums (summed is True)."""
@@ -343,7 +352,7 @@ class StageFunctions:
             env.update({running: running_sums[n] for n, (running, _) in self._sum_of.items()})
         for part in (self._inputs, self._weights_summed if summed else self._weights):
             if part is not None:
-                self._call(part, env)
+                self._call(part, env, device)
         input_grads = {n: env[s] for n, s in self.input_grads.items()}
         weight_grads = {}
         for n, s in self.weight_grads.items():
