@@ -76,6 +76,24 @@ def test_an_ill_conditioned_case_is_held_to_twice_its_own_movement():
     assert "(relative 0.0025 > 0.002)" in fuzz.failure(case, [dict(ill, relative=2.5e-3)], 2e-4)
 
 
+def test_the_reference_normalizes_a_one_row_group_to_exactly_beta():
+    """As the pipeline does a one-row slice: long-run case 586 (batch 16, two replicas, M=8, a ReLU after the batch
+    norm) failed because segment means under grappler's constant folding left x - mean at an ulp, and the ReLU's
+    gradient at 0 turned that into 2.7e-2 in a bias."""
+    import numpy as np
+    import tensorflow as tf
+
+    from scripts.bench import fuzz_models
+
+    x, y = fuzz_models.batch("flat", 16, 7 * 7919 + 586)
+    with tf.Graph().as_default() as graph:
+        fuzz_models.model_fn(["dense", "batch_norm", "head"], {1: np.arange(16)})(tf.constant(x), tf.constant(y))
+        centered = graph.get_operation_by_name("l1_batch_norm/sub").outputs[0]  # x - mean
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            assert not np.any(sess.run(centered))
+
+
 @pytest.mark.slow
 def test_ci_seeds_train_pipelined_as_on_one_device(tmp_path):
     """~3 min: every drawn case within tolerance of one device, with one repeat of each case compared too."""

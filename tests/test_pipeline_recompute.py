@@ -135,7 +135,9 @@ def test_unseeded_dropout_is_recomputed_with_the_forward_mask():
         with dapple_tf.layer("head"):
             return tf.reduce_mean(tf.reduce_sum(tf.nn.dropout(h, rate=0.5), axis=1)) + 0.0 * tf.reduce_mean(labels)
 
-    x, _ = toy_models.batch(8)
+    # Positive inputs: loss and gradient are sums of positive terms in different orders, so they agree
+    # to a few ulps; signed inputs cancel to a loss near 0, where that round-off is large relative to it.
+    x = np.abs(toy_models.batch(8)[0]) + 0.5
     y = np.zeros(8, np.float32)
     plan = dapple_tf.Plan.from_stages([(0, 0, [cpu(0)]), (1, 1, [cpu(1)])], num_micro_batches=4)
     with tf.Graph().as_default():
@@ -148,8 +150,8 @@ def test_unseeded_dropout_is_recomputed_with_the_forward_mask():
             for _ in range(3):
                 sess.run(handle.train_op)
                 loss, g, _ = sess.run([handle.loss, grad, handle.train_op])
-                assert abs(loss) > 1e-3
-                np.testing.assert_allclose(g, loss / 2.0, rtol=1e-5)
+                assert loss > 1.0
+                np.testing.assert_allclose(g, loss / 2.0, rtol=1e-6)
 
 
 @pytest.mark.parametrize("schedule", ["dapple", "gpipe"])

@@ -7,6 +7,7 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 import dapple_tf
 from dapple_tf.rewrite import stage_function
@@ -51,7 +52,8 @@ def _reference_typed_stops(op):
 def test_calls_are_remote_calls_on_their_own_device_with_the_traced_shapes():
     """By default each call is a RemoteCall aimed at its own device (an empty target), carries the traced function's
     output shapes and follows a reference-typed operation on its device (XLA's scan then skips its body); grappler's
-    function optimizer leaves such calls alone, so the handle's session config is the caller's."""
+    function optimizer leaves such calls alone, so the handle's session config is the caller's, without grappler's
+    deadline."""
     _, _, handle = build(4, True)
     assert len(handle.function_call_ops) == 4 * (2 + 3)  # per micro-batch: stage 0 F and W; stage 1 F, B and W
     for op in handle.function_call_ops:
@@ -60,7 +62,27 @@ def test_calls_are_remote_calls_on_their_own_device_with_the_traced_shapes():
         assert all(t.shape.is_fully_defined() for t in op.outputs), op.name
         assert [c.device for c in _reference_typed_stops(op)] == [op.device], (op.name, op.control_inputs)
     base = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=3)
-    assert handle.session_config(base) is base and handle.session_config() is None
+    assert handle.session_config(base) == without_deadline(base)
+    assert handle.session_config() == without_deadline(context.context().config)
+
+
+def without_deadline(config: tf.compat.v1.ConfigProto) -> tf.compat.v1.ConfigProto:
+    out = tf.compat.v1.ConfigProto()
+    out.CopyFrom(config)
+    out.graph_options.rewrite_options.meta_optimizer_timeout_ms = -1
+    return out
+
+
+def test_session_config_lifts_grapplers_deadline_unless_the_caller_set_one():
+    """TF's 5-minute default made a loaded machine's result differ in the last bits: grappler stopped part way
+    through the graph (docs/performance.md, "Determinism"); a deadline the caller sets is the caller's."""
+    _, _, handle = build(2, False)
+    base = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+    assert base.graph_options.rewrite_options.meta_optimizer_timeout_ms == 0  # TF's default: 5 minutes
+    assert handle.session_config(base).graph_options.rewrite_options.meta_optimizer_timeout_ms == -1
+    assert base.graph_options.rewrite_options.meta_optimizer_timeout_ms == 0  # a copy
+    base.graph_options.rewrite_options.meta_optimizer_timeout_ms = 60000
+    assert handle.session_config(base) == base
 
 
 def test_calls_on_gpus_and_traced_calls_stay_partitioned_calls():
@@ -79,6 +101,7 @@ def test_traced_calls_skip_shape_inference_and_the_session_config_turns_the_func
     something else calls a function."""
     off = tf.compat.v1.ConfigProto()
     off.graph_options.rewrite_options.function_optimization = off.graph_options.rewrite_options.OFF
+    off.graph_options.rewrite_options.meta_optimizer_timeout_ms = -1
     _, _, handle = build(4, True, traced_functions=True)
     assert len(handle.function_call_ops) == 4 * (2 + 3)
     for op in handle.function_call_ops:
@@ -92,10 +115,11 @@ def test_traced_calls_skip_shape_inference_and_the_session_config_turns_the_func
     default = handle.session_config()  # tf.compat.v1.Session's own default (this process's logical devices), optimizer off
     assert default.device_count["CPU"] == len(tf.config.list_logical_devices("CPU")) >= 2
     assert default.graph_options.rewrite_options == off.graph_options.rewrite_options
-    assert build(4, False)[2].session_config(base) is base and build(4, False)[2].session_config() is None
+    assert build(4, False)[2].session_config(base) == without_deadline(base)
+    assert build(4, False)[2].session_config() == without_deadline(context.context().config)
     with handle.train_op.graph.as_default():
         tf.function(lambda x: x + 1.0, autograph=False)(tf.constant(1.0))  # another function call
-    assert handle.session_config(base) is base
+    assert handle.session_config(base) == without_deadline(base)
 
 
 def test_traced_calls_record_their_bodies_in_a_traced_step_and_remote_calls_do_not():

@@ -38,6 +38,8 @@ from dapple_tf.rewrite.stage_builder import StageBuilder
 from planner.formats.schedule import Schedule, Task
 from planner.formats import plan_pb2
 
+NO_DEADLINE = -1  # RewriterConfig.meta_optimizer_timeout_ms: grappler finishes however long it takes
+
 
 @dataclasses.dataclass
 class PipelineHandle:
@@ -62,19 +64,25 @@ class PipelineHandle:
     function_call_ops: Tuple[tf.Operation, ...] = ()  # the calls of the stages built as functions
     global_norm: Optional[tf.Tensor] = None  # with clip_global_norm: the gradients' global norm before clipping
 
-    def session_config(self, config: Optional[tf.compat.v1.ConfigProto] = None) -> Optional[tf.compat.v1.ConfigProto]:
-        """The config to run this pipeline with: where stages run as PartitionedCall functions
-        (PipelineOptions.traced_functions) and nothing else in the graph calls functions, a copy of `config` (None:
-        the one tf.compat.v1.Session would use, with this process's logical devices) with grappler's function
-        optimizer off for the outer graph; else `config` itself. The optimizer's work per call site made the first
-        step grow with M (BERT-24, 4 stages, M=64: 66.7 -> 43.7 s); each device still optimizes a stage's body when
-        it first calls it, and the steady step is the same. The default RemoteCall ops are not the optimizer's."""
-        partitioned = [op for op in self.function_call_ops if op.type != "RemoteCall"]
-        if not partitioned or stage_function.needs_function_optimizer(self.train_op.graph, self.function_call_ops):
-            return config
+    def session_config(self, config: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.ConfigProto:
+        """The config to run this pipeline with: a copy of `config` (None: the one tf.compat.v1.Session would use,
+        with this process's logical devices) in which grappler has no deadline, unless `config` sets one. TF's
+        default deadline (5 minutes per graph) makes the result depend on the machine's load: past it, the graph
+        runs partly optimized, and other fusions round differently (a fuzz case's weights changed in the last
+        bits when a loaded machine took 495 s; a 1 ms deadline changes them every time). Where stages run as
+        PartitionedCall functions (PipelineOptions.traced_functions) and nothing else in the graph calls
+        functions, grappler's function optimizer is off for the outer graph too: its work per call site made the
+        first step grow with M (BERT-24, 4 stages, M=64: 66.7 -> 43.7 s); each device still optimizes a stage's
+        body when it first calls it, and the steady step is the same. The default RemoteCall ops are not the
+        optimizer's."""
         out = tf.compat.v1.ConfigProto()
         out.CopyFrom(config if config is not None else context.context().config)
-        out.graph_options.rewrite_options.function_optimization = rewriter_config_pb2.RewriterConfig.OFF
+        rewrite = out.graph_options.rewrite_options
+        if not rewrite.meta_optimizer_timeout_ms:
+            rewrite.meta_optimizer_timeout_ms = NO_DEADLINE
+        partitioned = [op for op in self.function_call_ops if op.type != "RemoteCall"]
+        if partitioned and not stage_function.needs_function_optimizer(self.train_op.graph, self.function_call_ops):
+            rewrite.function_optimization = rewriter_config_pb2.RewriterConfig.OFF
         return out
 
 

@@ -158,10 +158,12 @@ def run(case: Case) -> dict:
     "loss": largest loss difference, "digest": the pipelined weights' digest, "seconds"}."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
+    from dapple_tf.rewrite.pipeline import NO_DEADLINE  # pylint: disable=import-outside-toplevel
     from scripts.bench import fuzz_models  # pylint: disable=import-outside-toplevel
 
     started = time.perf_counter()
     config = tf.compat.v1.ConfigProto(device_count={"CPU": NUM_DEVICES})
+    config.graph_options.rewrite_options.meta_optimizer_timeout_ms = NO_DEADLINE  # the reference too: load-proof
     x, y = fuzz_models.batch(case.input, case.batch, case.seed * 7919 + case.index)
     pipelined_fn = fuzz_models.model_fn(case.layers)
     initial = _initial(pipelined_fn, x, y, config)

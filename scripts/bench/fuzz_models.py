@@ -4,7 +4,7 @@
 The same model_fn builds the pipelined model and its single-device reference. Where the pipeline normalizes a
 slice of the batch (a batch norm in a stage that runs on slices: each micro-batch, or each replica's part of it
 with batch_norm="per_slice"), the reference normalizes the same rows together: `groups` gives, per batch-norm
-layer, each sample's group, and the reference's statistics are per group (segment means). Training the
+layer, each sample's group (runs of consecutive rows), and the reference's statistics are per group. Training the
 reference on the whole batch then computes what the pipeline computes, whatever the plan.
 """
 
@@ -47,18 +47,18 @@ def _dense(x, units: int, seed: int, activation=tf.tanh):
 
 
 def _moments(x, axes: Sequence[int], group: Optional[np.ndarray]):
-    """Mean and variance over `axes` (axis 0 among them): of the whole batch, or per group of rows (broadcast
-    back to each row)."""
+    """Mean and variance over `axes` (axis 0 among them): of the whole batch, or per group of consecutive rows
+    (broadcast back to each row). Each group's statistics are tf.nn.moments of its rows, as the pipeline computes
+    them for its slice: an ulp here decides a ReLU's gradient at an exact 0 (a one-row group normalizes to exactly
+    beta), which segment means under grappler's constant folding missed (long-run case 586)."""
     if group is None:
         return tf.nn.moments(x, axes, keepdims=True)
-    other = [a for a in axes if a != 0]
-    per_row = tf.reduce_mean(x, other, keepdims=True) if other else x
-    ids = tf.constant(group, tf.int32)
-    count = int(group.max()) + 1
-    mean = tf.gather(tf.math.unsorted_segment_mean(per_row, ids, count), ids)
-    squares = tf.reduce_mean(tf.square(x - mean), other, keepdims=True) if other else tf.square(x - mean)
-    variance = tf.gather(tf.math.unsorted_segment_mean(squares, ids, count), ids)
-    return mean, variance
+    if np.any(np.diff(group) < 0):
+        raise ValueError(f"batch-norm groups must be runs of consecutive rows, got {group.tolist()}")
+    parts = tf.split(x, np.bincount(group).tolist(), axis=0)
+    stats = [tf.nn.moments(part, axes, keepdims=True) for part in parts]
+    return tuple(tf.concat([tf.broadcast_to(s[k], tf.shape(part)) for s, part in zip(stats, parts)], 0)
+                 for k in (0, 1))
 
 
 def _batch_norm(x, axes, group, moving: bool):

@@ -71,10 +71,13 @@ def _step(seed, x, y, initial, build):
 def _single(features, labels, optimizer):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
+    from dapple_tf.rewrite.pipeline import NO_DEADLINE  # pylint: disable=import-outside-toplevel
+
     loss = _model_fn(features, labels)
     variables = tf.compat.v1.trainable_variables()
     train_op = optimizer.apply_gradients(zip(tf.compat.v1.gradients(loss, variables), variables))
     config = tf.compat.v1.ConfigProto(device_count={"CPU": 4})
+    config.graph_options.rewrite_options.meta_optimizer_timeout_ms = NO_DEADLINE  # as handle.session_config
     return train_op, loss, variables, tf.compat.v1.global_variables_initializer(), None, config
 
 
@@ -90,7 +93,7 @@ def _pipelined(features, labels, optimizer):
                                       dapple_tf.PipelineOptions(batch_norm="sync"),
                                       layers=dapple_tf.layers_by_scope(depth=1))
     variables = [v for _, v in handle.grads_and_vars]
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": 4})
+    config = handle.session_config(tf.compat.v1.ConfigProto(device_count={"CPU": 4}))
     return handle.train_op, handle.loss, variables, handle.initializer, handle.local_init_op, config
 
 
