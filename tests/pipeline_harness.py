@@ -94,7 +94,8 @@ def train_pipelined(model_fn, x, y, make_optimizer, plan, schedule, steps, run_m
             for step in range(steps):
                 options = None
                 if run_metadata is not None and step == steps - 1:
-                    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+                    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
+                                                      output_partition_graphs=True)
                 losses.append(sess.run([handle.loss, handle.train_op], options=options, run_metadata=run_metadata)[0])
             weights = dict(zip(names, sess.run([v for _, v in handle.grads_and_vars])))
             local = tf.compat.v1.local_variables()

@@ -1,15 +1,19 @@
-"""The executed order of tasks on every device (RunMetadata step stats) is the schedule's order."""
+"""The order of tasks on every device is the schedule's: in the graph TF ran (every operation of a task waits for
+all of the previous task's in the partition graphs, after grappler) and as measured (RunMetadata step stats)."""
 
 import pytest
 import tensorflow as tf
 
 import dapple_tf
+from dapple_tf.trace.step_stats import op_interval_ns
 from tests import toy_models
 from tests.pipeline_harness import cpu, train_pipelined
 
 
 def executed_tasks(run_metadata, handle):
-    """Per device: the tasks in the order they ran, and each task's (first start, last end) in µs."""
+    """Per device: the tasks in the order they ran, and each task's (first start, last kernel end) in ns. Not TF's
+    all_end: it is stamped after the successors were released, and a preempted thread stamped one 2 ms after the
+    next task began (CI, 2026-11-28; dapple_tf.trace.step_stats.op_interval_ns)."""
     where = {}
     for (device, task, replica), names in handle.task_op_names.items():
         for name in names:
@@ -20,7 +24,7 @@ def executed_tasks(run_metadata, handle):
             key = where.get(node.node_name)
             if key is None:
                 continue
-            start, end = node.all_start_micros, node.all_start_micros + node.all_end_rel_micros
+            start, end = op_interval_ns(node)
             device = tf.DeviceSpec.from_string(dev_stats.device).replace(job=None, replica=None, task=None).to_string()
             lo, hi = spans.get((device, key[1]), (start, end))
             spans[(device, key[1])] = (min(lo, start), max(hi, end))
@@ -28,6 +32,43 @@ def executed_tasks(run_metadata, handle):
     for (device, task), span in spans.items():
         per_device.setdefault(device, []).append((span, task))
     return {d: sorted(v, key=lambda x: x[0]) for d, v in per_device.items()}
+
+
+def partition_graph_ancestors(run_metadata):
+    """{node name: names of its ancestors} in the partition graphs TF ran (a _Recv's input is its _Send)."""
+    nodes = {n.name: n for g in run_metadata.partition_graphs for n in g.node}
+    transfer = lambda n: tuple(n.attr[k].s for k in ("tensor_name", "send_device", "recv_device"))  # noqa: E731
+    sends = {transfer(n): name for name, n in nodes.items() if n.op in ("_Send", "_HostSend")}
+    inputs = {name: [i.lstrip("^").split(":")[0] for i in n.input] for name, n in nodes.items()}
+    for name, n in nodes.items():
+        if n.op in ("_Recv", "_HostRecv"):
+            inputs[name].append(sends[transfer(n)])
+    found = {}
+
+    def ancestors(name):
+        if name not in found:
+            seen, stack = set(), [name]
+            while stack:
+                for parent in inputs[stack.pop()]:
+                    if parent not in seen:
+                        seen.add(parent)
+                        stack.append(parent)
+            found[name] = seen
+        return found[name]
+
+    return nodes, ancestors
+
+
+def unordered_operations(run_metadata, handle, device, tasks):
+    """(task, its operation, how many of the previous task's it does not wait for) in the graph TF ran on `device`,
+    for consecutive `tasks` (after grappler's rewrites: the order TF's executor keeps)."""
+    nodes, ancestors = partition_graph_ancestors(run_metadata)
+    replicas = {j for s in handle.stages for j, d in enumerate(s.devices) if d == device}
+    ran = [(task, [n for r in replicas for n in handle.task_op_names.get((device, task, r), ()) if n in nodes])
+           for task in tasks]
+    ran = [(task, names) for task, names in ran if names]
+    return [(task, name, len(set(before) - ancestors(name)))
+            for (_, before), (task, names) in zip(ran, ran[1:]) for name in names if set(before) - ancestors(name)]
 
 
 THREE_STAGES = [(0, 1, [cpu(0), cpu(1)]), (2, 2, [cpu(2)]), (3, 4, [cpu(3)])]
@@ -57,6 +98,30 @@ def test_each_device_runs_its_stage_order(schedule, stages):
         assert [task.label for _, task in spans] == expected, device
         for ((_, end), _), ((start, _), task) in zip(spans, spans[1:]):
             assert end <= start, f"{device}: {task} started before the previous task ended"
+        assert unordered_operations(metadata, handle, device, handle.schedule.lane_tasks[lane_of_device[device]]) == []
+
+
+def test_the_order_check_finds_operations_that_do_not_wait():
+    """unordered_operations reads the graph TF ran: without their control inputs, the second task's entry operations
+    no longer wait for the first task (nor some of its operations for each other, which the third task sees)."""
+    x, y = toy_models.batch(16)
+    plan = dapple_tf.Plan.from_stages(THREE_STAGES, num_micro_batches=4)
+    metadata = tf.compat.v1.RunMetadata()
+    sgd = lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)  # noqa: E731
+    *_, handle, _ = train_pipelined(
+        toy_models.skip_model_fn(toy_models.initial_values()), x, y, sgd, plan, "dapple", 1, run_metadata=metadata
+    )
+    device, tasks = cpu(3), handle.schedule.lane_tasks[handle.schedule.lane_of(2)]  # last stage: F0 B0 F1 B1 ...
+    assert unordered_operations(metadata, handle, device, tasks) == []
+    second = set(handle.task_op_names[(device, tasks[1], 0)])
+    for graph in metadata.partition_graphs:
+        for node in graph.node:
+            if node.name in second:
+                kept = [i for i in node.input if not i.startswith("^")]
+                del node.input[:]
+                node.input.extend(kept)
+    unordered = unordered_operations(metadata, handle, device, tasks)
+    assert tasks[1] in {task for task, _, _ in unordered} and tasks[0] not in {task for task, _, _ in unordered}
 
 
 def _graph_ops(schedule):

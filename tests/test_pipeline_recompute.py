@@ -12,7 +12,7 @@ from planner.formats import plan_pb2
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, assert_close_dicts, cpu, train_pipelined, train_single
 from tests.test_pipeline_equivalence import PLANS, STEPS, adam
-from tests.test_pipeline_order import executed_tasks
+from tests.test_pipeline_order import executed_tasks, unordered_operations
 
 UNEVEN = [(0, 0, [cpu(0), cpu(1)]), (1, 2, [cpu(2)]), (3, 4, [cpu(3), cpu(4), cpu(5)])]  # 2:1:3, slices 4/3/2
 
@@ -170,6 +170,7 @@ def test_recomputation_runs_in_the_backward_slot(schedule):
         assert [str(t) for _, t in spans] == [str(t) for t in handle.schedule.stage_tasks[stage_of_device[device]]]
         for ((_, end), _), ((start, _), task) in zip(spans, spans[1:]):
             assert end <= start, f"{device}: {task} started before the previous task ended"
+        assert unordered_operations(metadata, handle, device, handle.schedule.stage_tasks[stage_of_device[device]]) == []
     graph_ops = {}
     for (_, task, _), names in handle.task_op_names.items():
         for n in names:

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import dapple_tf
 from dapple_tf.rewrite.graph_walk import depends_on_any
+from dapple_tf.trace.step_stats import op_interval_ns
 from planner.planning import cost_model as cm
 from planner.formats.model_profile import ModelProfile
 from planner.planning.plan_eval import Options
@@ -29,7 +30,7 @@ def model_fn(features, labels):
 
 
 def traced_step(bucket_bytes):
-    """(handle, {op name: (device, start, end)} in microseconds) of one traced training step."""
+    """(handle, {op name: (device, start, kernel end)} in ns) of one traced training step."""
     rng = np.random.RandomState(0)
     with tf.Graph().as_default():
         x = tf.constant(rng.randn(256, 768).astype(np.float32))
@@ -46,8 +47,7 @@ def traced_step(bucket_bytes):
     timeline = {}
     for dev in meta.step_stats.dev_stats:
         for node in dev.node_stats:
-            timeline[node.node_name] = (dev.device, node.all_start_micros,
-                                        node.all_start_micros + node.all_end_rel_micros)
+            timeline[node.node_name] = (dev.device, *op_interval_ns(node))
     return handle, timeline
 
 

@@ -114,8 +114,10 @@ def run_during_forward(metadata, handle, stage, forward, backward, op_type):
     forward_start = min(nodes[n].all_start_nanos for n in handle.task_op_names[(device, forward, 0)] if n in nodes)
     early = next(nodes[n] for n in handle.task_op_names[(device, backward, 0)]
                  if n in nodes and f" = {op_type}(" in nodes[n].timeline_label)
-    early.all_start_nanos, early.all_end_rel_nanos = forward_start + 1000, 1000
-    early.all_start_micros, early.all_end_rel_micros = (forward_start + 1000) // 1000, 1
+    early.all_start_nanos, early.op_start_rel_nanos = forward_start + 1000, 0
+    early.op_end_rel_nanos = early.all_end_rel_nanos = 1000
+    early.all_start_micros, early.op_start_rel_micros = (forward_start + 1000) // 1000, 0
+    early.op_end_rel_micros = early.all_end_rel_micros = 1
 
 
 def box(result, kind, stage, mb):
@@ -212,3 +214,19 @@ def test_interleaved_boxes_per_device_group(tmp_path):
     info = timeline.draw_measured_vs_simulated(measured, simulated, str(tmp_path / "interleaved.png"))
     assert info.rows == [2, 2]
     assert info.boxes[KIND_FORWARD] == 2 * 4 * M
+
+
+def test_an_operation_ends_when_its_kernel_does():
+    """Not at TF's all_end, stamped after the operation released its successors (a preempted thread stamped it
+    4.8 ms after a successor's start); a worker's RecvTensor record has only all_end."""
+    from tensorflow.core.framework import step_stats_pb2
+
+    from dapple_tf.trace.step_stats import op_interval_ns
+
+    preempted = step_stats_pb2.NodeExecStats(all_start_nanos=10_000, op_start_rel_nanos=200, op_end_rel_nanos=900,
+                                             all_end_rel_nanos=4_800_000)
+    assert op_interval_ns(preempted) == (10_000, 10_900)
+    micros = step_stats_pb2.NodeExecStats(all_start_micros=10, op_end_rel_micros=3, all_end_rel_micros=4800)
+    assert op_interval_ns(micros) == (10_000, 13_000)
+    receive = step_stats_pb2.NodeExecStats(node_name="RecvTensor", all_start_micros=10, all_end_rel_micros=1000)
+    assert op_interval_ns(receive) == (10_000, 1_010_000)

@@ -32,6 +32,8 @@ Where stages share devices (interleaved), the compute boxes of a device group ar
 transfers are numbered by the tasks that make (or use) them, and its AllReduce and optimizer boxes are the
 whole group's, drawn as its first stage's.
 Devices of several hosts share one time scale only as far as the hosts' clocks agree.
+An operation runs from its executor's start stamp to its kernel's end (step_stats.op_interval_ns), not TF's
+all_end, which a preempted thread can stamp after the operation's successors started.
 """
 
 import collections
@@ -39,6 +41,7 @@ import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from dapple_tf.rewrite.replicas import canonical_device
+from dapple_tf.trace.step_stats import op_interval_ns
 from planner.simulation import gantt as gantt_lib, trace as trace_lib
 from planner.formats.schedule import BATCHED_W, FORWARD, WEIGHT
 from planner.simulation.simulator import (KIND_ALLREDUCE, KIND_BACKWARD, KIND_FORWARD, KIND_OPTIMIZER,
@@ -71,8 +74,7 @@ def _read_stats(step_stats, devices: Sequence[str]):
         if device not in ops:
             continue
         for node in dev_stats.node_stats:
-            start = node.all_start_nanos or node.all_start_micros * 1000
-            end = start + (node.all_end_rel_nanos or node.all_end_rel_micros * 1000)
+            start, end = op_interval_ns(node)
             match = _REMOTE_RECV.search(node.timeline_label) if node.node_name == "RecvTensor" else None
             if match:
                 remote[match.group(1)] = (start, end)
