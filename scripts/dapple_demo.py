@@ -46,7 +46,7 @@ def main(argv):
     if FLAGS.num_stages > FLAGS.num_devices:
         raise ValueError(f"--num_stages={FLAGS.num_stages} needs at least that many devices "
                          f"(--num_devices={FLAGS.num_devices})")
-    start = time.time()
+    start = time.perf_counter()
     quiet_tensorflow()
     split_cpu(FLAGS.num_devices)  # virtual CPU devices for the whole process (before TF initialises its devices)
     from scripts.workflows import demo

@@ -71,7 +71,7 @@ def main(argv):
         model_name = FLAGS.model_name or f"{FLAGS.model}-{FLAGS.config}"
     check_writable(FLAGS.output, FLAGS.batch_size)  # fail before spending minutes profiling
 
-    start = time.time()
+    start = time.perf_counter()
     print(f"profiling {model_name} at batch {FLAGS.batch_size} on {FLAGS.device}: "
           f"{FLAGS.warmup} warm-up + median of {FLAGS.runs} runs per layer", file=sys.stderr, flush=True)
 
@@ -90,7 +90,7 @@ def main(argv):
     profiler.write_profile(profile, FLAGS.output)
     total = sum(layer.forward_ms + layer.backward_ms for layer in profile.layers)
     print(f"wrote {FLAGS.output}: {len(profile.layers)} layers, forward+backward {total:.2f} ms per batch of "
-          f"{FLAGS.batch_size} ({time.time() - start:.1f} s)")
+          f"{FLAGS.batch_size} ({time.perf_counter() - start:.1f} s)")
     return 0
 
 

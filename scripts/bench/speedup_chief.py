@@ -272,7 +272,7 @@ def _run(flags_, model_args, folder) -> int:
     devices = [cluster.device(i, "CPU", 0) for i in range(n)]
     spec = models.get_model(flags_.model, config_name, **models.parse_model_flags(model_flags))
     os.makedirs(folder, exist_ok=True)
-    start = time.time()
+    start = time.perf_counter()
     sizes = profile_sizes(batch, flags_.micro_batches, n, flags_.plans)
     profiles = measure_profiles(flags_, model_args, worker_cores(0, flags_.cores_per_worker), sizes, folder)
     session = session_config(300)
@@ -292,7 +292,7 @@ def _run(flags_, model_args, folder) -> int:
     single_sim = speedup_plans.simulate(plans[0], base_profile).iteration_ms
     plans = selected(plans, flags_.plans)
     print(f"{flags_.model} ({model_flags}), global batch {batch}, {n} workers x {flags_.cores_per_worker} core(s), "
-          f"{flags_.optimizer}; median of {flags_.steps} steps{rounds_text(flags_.rounds)}; setup {time.time() - start:.0f} s", flush=True)
+          f"{flags_.optimizer}; median of {flags_.steps} steps{rounds_text(flags_.rounds)}; setup {time.perf_counter() - start:.0f} s", flush=True)
     opened, traced = [], {}
     for i, plan in enumerate(plans):
         opened.append(build_plan(spec, plan, batch, flags_.optimizer, f"bench_plan_{i}", flags_.allreduce_bucket_mb,

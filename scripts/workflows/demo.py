@@ -136,17 +136,17 @@ def train_step(built: _Built, x_train, y_train, y_test, s: DemoSettings) -> floa
     handle = built.handle
     with tf.compat.v1.Session(graph=built.graph, config=handle.session_config(config)) as sess:
         sess.run(handle.initializer)
-        losses, interval_start = [], time.time()
+        losses, interval_start = [], time.perf_counter()
         for step in range(1, s.steps + 1):
             idx = rng.choice(len(x_train), s.global_batch_size, replace=False)
             feed = {built.features: x_train[idx], built.labels: y_train[idx]}
             _, loss = sess.run([handle.train_op, handle.loss], feed)
             losses.append(loss)
             if step % s.log_every == 0 or step == s.steps:
-                elapsed = time.time() - interval_start
+                elapsed = time.perf_counter() - interval_start
                 print(f"step {step:4d}  loss {np.mean(losses):.4f}  "
                       f"{len(losses) * s.global_batch_size / elapsed:8.0f} samples/s", flush=True)
-                losses, interval_start = [], time.time()
+                losses, interval_start = [], time.perf_counter()
         return float(np.mean(sess.run(built.predictions) == y_test))
 
 
@@ -172,7 +172,7 @@ def speedup_section() -> None:
 
 
 def run_demo(s: DemoSettings, start: float) -> int:
-    """The whole demo (the process's CPU already split into s.num_devices devices; `start`: its time.time() at
+    """The whole demo (the process's CPU already split into s.num_devices devices; `start`: its time.perf_counter() at
     the start, for the total time); returns the exit code."""
     import models
 
@@ -184,7 +184,7 @@ def run_demo(s: DemoSettings, start: float) -> int:
     plan = plan_step(profile, devices, s)
     built = build_step(spec, plan, x_test, s)
     accuracy = train_step(built, x_train, y_train, y_test, s)
-    print(f"\ntest accuracy: {accuracy:.4f} ({len(y_test)} images); total time {time.time() - start:.1f} s")
+    print(f"\ntest accuracy: {accuracy:.4f} ({len(y_test)} images); total time {time.perf_counter() - start:.1f} s")
     if s.speedup:
         speedup_section()
     return 0
