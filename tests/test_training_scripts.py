@@ -241,8 +241,13 @@ def test_minimize_is_checked_against_what_model_fn_returns():
         dapple_tf.minimize(loss, sgd)
         return Spec(loss, dapple_tf.minimize(loss, sgd))
 
-    def own_train_op(features, labels):
+    def no_optimizer(features, labels):
         loss = two_layers(features, labels)
+        return Spec(loss, tf.no_op())
+
+    def minimize_and_apply(features, labels):
+        loss = two_layers(features, labels)
+        dapple_tf.minimize(loss, sgd)
         return Spec(loss, sgd.minimize(loss))
 
     def reads_inputs(features, labels):
@@ -255,8 +260,9 @@ def test_minimize_is_checked_against_what_model_fn_returns():
         return loss
 
     cases = [(twice, None, r"model_fn called dapple_tf.minimize 2 times"),
-             (own_train_op, None, r"model_fn returned an EstimatorSpec whose train_op \(.*\) was built without "
-                                  r"dapple_tf.minimize"),
+             (no_optimizer, None, r"model_fn returned an EstimatorSpec whose train_op \(NoOp\) applies no optimizer"),
+             (minimize_and_apply, None, r"model_fn calls dapple_tf.minimize and also applies gradients itself \(at "
+                                        r"test_training_scripts.py:\d+\)"),
              (reads_inputs, None, r"the EstimatorSpec's train_op .* computes from the model's inputs"),
              (other_loss, None, r"dapple_tf.minimize was given mul:0, but model_fn returned the loss"),
              (lambda f, l: Spec(two_layers(f, l), None), None, r"build_pipeline got no optimizer \(None\)"),

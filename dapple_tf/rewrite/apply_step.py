@@ -16,6 +16,7 @@ call created:
   build_pipeline refuses it, naming the variable.
 """
 
+import contextlib
 import dataclasses
 from typing import Dict, List, Sequence, Set, Tuple
 
@@ -57,7 +58,8 @@ def _fingerprint(ops: Sequence[tf.Operation]) -> List[tuple]:
     def attrs(op):
         return tuple(sorted((k, str(v)) for k, v in op.node_def.attr.items() if k not in _IGNORED_ATTRS))
 
-    return sorted((op.type, len(op.inputs), attrs(op)) for op in ops if op.type != "ReadVariableOp")
+    return sorted((op.type, len(op.inputs), attrs(op)) for op in ops
+                  if op.type != "ReadVariableOp" and op.type not in _VARIABLE_OPS)
 
 
 def _place_unplaced(created: Sequence[tf.Operation]) -> None:
@@ -86,11 +88,17 @@ def _place_unplaced(created: Sequence[tf.Operation]) -> None:
             op._set_device(next(iter(found)))  # pylint: disable=protected-access
 
 
-def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf.Operation) -> AppliedStep:
-    """optimizer.apply_gradients(apply_pairs) after `after`; see the module docstring."""
+def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf.Operation,
+          applied_before: bool = False) -> AppliedStep:
+    """optimizer.apply_gradients(apply_pairs) after `after`; see the module docstring. `applied_before`: the
+    script's own apply_gradients already ran on the user's variables in the template (script_training.py), so
+    their slots exist: an optimizer making them with get_variable gets them again (AUTO_REUSE), as slot_creator's
+    do by itself."""
     graph = after.graph
     first = len(graph.get_operations())
-    with tf.control_dependencies([after]):
+    reuse = tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=tf.compat.v1.AUTO_REUSE) \
+        if applied_before else contextlib.nullcontext()
+    with tf.control_dependencies([after]), reuse:
         apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
     created_list = graph.get_operations()[first:]
     created = set(created_list)
@@ -105,11 +113,11 @@ def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf
 def _check_and_pair(cones: Dict[tf.Variable, List[tf.Operation]], copies: VariableCopies, graph: tf.Graph,
                     optimizer_name: str):
     """The one-update check and the (user slot, copy slot) pairs of slots the optimizer made itself."""
+    touched = {variable: _variables_touched(cone, variable) for variable, cone in cones.items()}
     owners: Dict[tf.Operation, List[tf.Variable]] = {}
-    for variable, cone in cones.items():
-        for op in cone:
-            if op.type in _VARIABLE_OPS:
-                owners.setdefault(op, []).append(variable)
+    for variable, ops in touched.items():
+        for op in ops:
+            owners.setdefault(op, []).append(variable)
     variables_by_op = {_handle_op(v): v for v in graph.get_collection(_GLOBAL) + graph.get_collection(_LOCAL)}
     pairs = []
     for user, copy in copies.extra_copies():
@@ -121,7 +129,7 @@ def _check_and_pair(cones: Dict[tf.Variable, List[tf.Operation]], copies: Variab
                 f"{user.op.name} on another device, than for the variable itself: copies must train exactly like it. "
                 "Does it decide by variable name (which variables get weight decay)? Match names with re.search (a "
                 "copy's name contains its variable's) rather than whole names or an end anchor")
-        own = [[op for op in cones[v] if op.type in _VARIABLE_OPS and owners[op] == [v]] for v in (user, copy)]
+        own = [[op for op in touched[v] if owners[op] == [v]] for v in (user, copy)]
         for user_slot_op, copy_slot_op in zip(*own):
             user_slot, copy_slot = variables_by_op.get(user_slot_op), variables_by_op.get(copy_slot_op)
             if user_slot is None or copy_slot is None:
@@ -129,6 +137,15 @@ def _check_and_pair(cones: Dict[tf.Variable, List[tf.Operation]], copies: Variab
             _make_local(graph, copy_slot)
             pairs.append((user_slot, copy_slot))
     return pairs
+
+
+def _variables_touched(cone: Sequence[tf.Operation], variable: tf.Variable) -> List[tf.Operation]:
+    """The variable-creating ops an update's ops create or read a handle of (slots made before this call too),
+    in creation order, the variable itself left out."""
+    found = {op for op in cone if op.type in _VARIABLE_OPS}
+    found.update(t.op for op in cone for t in op.inputs if t.op.type in _VARIABLE_OPS)
+    found.discard(_handle_op(variable))
+    return sorted(found, key=lambda op: op._id)  # pylint: disable=protected-access
 
 
 def _make_local(graph: tf.Graph, variable: tf.Variable) -> None:

@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from dapple_tf.errors import DappleError
+from dapple_tf.rewrite import gradient_replay
 
 Pairs = List[Tuple[object, tf.Variable]]
 
@@ -112,9 +113,14 @@ def apply_gradient_fn(gradient_fn: Callable, grads_and_vars: Pairs, order: Seque
 
 def transform(grads_and_vars: Pairs, apply_pairs: Pairs, copies_of: Callable[[tf.Variable], Dict[str, tf.Variable]],
               clip_global_norm: Optional[float], gradient_fn: Optional[Callable], norm_device: str,
-              sparse_squares, order: Sequence[tf.Variable]) -> Tuple[Pairs, Optional[tf.Tensor]]:
+              sparse_squares, order: Sequence[tf.Variable], script_flow=None) -> Tuple[Pairs, Optional[tf.Tensor]]:
     """The (gradient, copy) pairs to apply after clipping and gradient_fn, and the global norm (None without
-    clipping)."""
+    clipping). With `script_flow` (script_training.GradientFlow), the script's own transform replaces both
+    (gradient_replay.py), and only the variables it applies are applied."""
+    if script_flow is not None:
+        transformed = {id(v): g for g, v in gradient_replay.replay(script_flow, grads_and_vars, sparse_squares,
+                                                                   norm_device)}
+        return _to_copies(transformed, grads_and_vars, apply_pairs, copies_of), None
     norm = None
     if clip_global_norm is not None:
         norm = global_norm(square_sums(grads_and_vars, sparse_squares), norm_device)
@@ -125,5 +131,11 @@ def transform(grads_and_vars: Pairs, apply_pairs: Pairs, copies_of: Callable[[tf
     if gradient_fn is None:
         return apply_pairs, norm
     transformed = {id(v): g for g, v in apply_gradient_fn(gradient_fn, grads_and_vars, order)}
+    return _to_copies(transformed, grads_and_vars, apply_pairs, copies_of), norm
+
+
+def _to_copies(transformed: Dict[int, object], grads_and_vars: Pairs, apply_pairs: Pairs, copies_of) -> Pairs:
+    """Each copy's pair with its user variable's transformed gradient (copies of variables left out are left out)."""
     user_of = {id(c): v for _, v in grads_and_vars for c in copies_of(v).values()}
-    return [(transformed[id(user_of[id(copy)])], copy) for _, copy in apply_pairs], norm
+    return [(transformed[id(user_of[id(copy)])], copy) for _, copy in apply_pairs
+            if id(user_of[id(copy)]) in transformed]

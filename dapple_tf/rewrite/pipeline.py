@@ -24,9 +24,11 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.eager import context
 
 from dapple_tf.rewrite import (apply_step, batch_norm as batch_norm_lib, collectives, gradient_transforms, gradients,
-                               outputs as outputs_lib, random_ops, stage_function, template as template_lib)
+                               graph_walk, outputs as outputs_lib, random_ops, stage_function,
+                               template as template_lib)
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
-from dapple_tf.model import minimize as minimize_lib
+from dapple_tf.model import minimize as minimize_lib, training_calls
+from dapple_tf.model.model_training import ModelTraining
 from dapple_tf.model.graph_mode import require_graph_mode
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
@@ -149,7 +151,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     optimizer, options, global_step = _training(model_train, optimizer, options, global_step)
     layout = PipelineLayout.of(plan, template, options.schedule, options.recompute)
     random_ops.warn_per_slice(template.stages, layout)
-    trainable = set(tf.compat.v1.trainable_variables())
+    trainable = set(model_train.script.variables) if model_train.script else set(tf.compat.v1.trainable_variables())
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
     sync = options.batch_norm == batch_norm_lib.SYNC
@@ -158,7 +160,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
                            stage_functions=options.stage_functions, traced_functions=options.traced_functions,
                            sync_statistics=updates.synchronized,
                            input_gradients_first=options.input_gradients_first,
-                           square_sparse=options.clip_global_norm is not None)
+                           square_sparse=options.clip_global_norm is not None or bool(
+                               model_train.script and model_train.script.flow.substitutes))
     builder.build_forward()
     builder.build_backward()
     builder.chain()
@@ -167,10 +170,10 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     with tf.device(layout.stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
     step = _reduce_and_apply(graph, builder, copies, keys, optimizer, options, global_step, update_ops,
-                             layout.stages[-1].devices[0])
+                             layout.stages[-1].devices[0], model_train.script)
     initializer, local_init, broadcast = _initializers(graph, copies, step.slot_pairs)
     return PipelineHandle(
-        train_op=model_train.run_after(step.train_op) if model_train.request else step.train_op,
+        train_op=model_train.run_after(step.train_op),
         loss=loss_mean,
         grads_and_vars=step.grads_and_vars,
         schedule=layout.schedule,
@@ -230,10 +233,10 @@ def check_optimizer(optimizer) -> None:
 
 
 def _trace_template(graph: tf.Graph, model_fn, features, labels, plan: Plan, layers
-                    ) -> Tuple[template_lib.Template, Set[tf.Operation], minimize_lib.ModelTraining]:
+                    ) -> Tuple[template_lib.Template, Set[tf.Operation], ModelTraining]:
     """model_fn called once on placeholders like the global batch, with its layers recorded, cut into the
-    plan's stages (template.py). Returns the template, the operations model_fn created and how it asked to be
-    trained (dapple_tf.minimize, an EstimatorSpec's train_op)."""
+    plan's stages (template.py). Returns the template, the operations model_fn created (but its own training
+    step's) and how it asked to be trained (model_training.py)."""
     structure = (features, labels)
     flat = [None if t is None else tf.convert_to_tensor(t) for t in tf.nest.flatten(structure)]
     inputs = template_lib.template_inputs([t for t in flat if t is not None])
@@ -246,7 +249,7 @@ def _trace_template(graph: tf.Graph, model_fn, features, labels, plan: Plan, lay
     placer = _LayerPlacer(plan)
     recorder = layers.recorder(graph, placer) if layers is not None else LayerRecorder(graph, device_for_layer=placer)
     first_model_op = len(graph.get_operations())
-    with recorder.activate(), minimize_lib.trace(graph) as requests:
+    with recorder.activate(), minimize_lib.trace(graph) as requests, training_calls.observe(graph) as calls:
         result, spec_train_op = minimize_lib.spec_parts(model_fn(template_features, template_labels))
     loss, extras = outputs_lib.split_model_result(result)
     if not recorder.layers:
@@ -259,23 +262,39 @@ def _trace_template(graph: tf.Graph, model_fn, features, labels, plan: Plan, lay
     created = set(graph.get_operations()[first_model_op:])
     stages = plan.resolve(recorder.names)
     variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
-    model_train = minimize_lib.ModelTraining.of(requests, loss, spec_train_op,
-                                                {graph.get_tensor_by_name(p).op for p in inputs})
+    placeholders = [graph.get_tensor_by_name(p).op for p in inputs]
+    model_train = ModelTraining.of(requests, calls, loss, spec_train_op,
+                                   set(batch_norm_lib.model_update_ops(graph, created)),
+                                   {v.handle.name: v for v in variables if hasattr(v, "handle")},
+                                   graph_walk.descendants(placeholders))
+    if model_train.script is not None:
+        created -= model_train.script.replaced
     return template_lib.analyze(loss, inputs, recorder.layers, stages, variables, extras), created, model_train
 
 
-def _training(model_train: minimize_lib.ModelTraining, optimizer, options: PipelineOptions, global_step):
+def _training(model_train: ModelTraining, optimizer, options: PipelineOptions, global_step):
     """(optimizer, options, the global_step apply_gradients gets) from build_pipeline's arguments and what model_fn
-    asked of dapple_tf.minimize (then its global_step, as the script's apply_gradients had it)."""
-    request = model_train.request
-    if request is None:
+    asked of dapple_tf.minimize or applied itself (then its global_step, as the script's apply_gradients had it)."""
+    request, script = model_train.request, model_train.script
+    if not model_train.asked:
         if optimizer is None:
-            raise DappleError("build_pipeline got no optimizer (None) and model_fn did not call dapple_tf.minimize: "
+            raise DappleError("build_pipeline got no optimizer (None) and model_fn applies no gradients itself: "
                               "pass a tf.compat.v1.train.Optimizer, or call dapple_tf.minimize in model_fn")
         return optimizer, options, global_step
     if optimizer is not None:
-        raise DappleError("model_fn called dapple_tf.minimize with its own optimizer and build_pipeline got one too: "
-                          "pass optimizer=None (the Trainer and dapple_train do when model_fn calls minimize)")
+        how = "called dapple_tf.minimize" if request else f"applies gradients itself (at {script.where})"
+        raise DappleError(f"model_fn {how} with its own optimizer and build_pipeline got one too: pass "
+                          "optimizer=None (the Trainer and dapple_train do for an Estimator-style model_fn)")
+    if script is not None:
+        try:
+            check_optimizer(script.optimizer)
+        except DappleError as e:
+            raise DappleError(f"apply_gradients at {script.where}: {e}") from None
+        for field in ("clip_global_norm", "gradient_fn"):
+            if getattr(options, field) is not None:
+                raise DappleError(f"PipelineOptions.{field} is set, but model_fn computes what it applies itself "
+                                  f"(apply_gradients at {script.where}): clip or transform the gradients in one place")
+        return script.optimizer, options, script.global_step
     check_optimizer(request.optimizer)
     changes = {}
     for field in ("clip_global_norm", "gradient_fn"):
@@ -299,7 +318,8 @@ class _Step:
 
 
 def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCopies, keys, optimizer,
-                      options: PipelineOptions, global_step, update_ops: List[tf.Operation], norm_device: str) -> _Step:
+                      options: PipelineOptions, global_step, update_ops: List[tf.Operation], norm_device: str,
+                      script=None) -> _Step:
     """AllReduce of the accumulated gradients (gradients.py), clipping and the gradient function
     (gradient_transforms.py), then the optimizer's step on every copy (apply_step.py)."""
     # The first collective on every device waits for the stale-copy check, so a failing check stops the
@@ -320,8 +340,9 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
             "process holds only its own of)")
     apply_pairs, norm = gradient_transforms.transform(
         grads_and_vars, apply_pairs, copies.copies_of, options.clip_global_norm, options.gradient_fn, norm_device,
-        sparse_squares, tf.compat.v1.trainable_variables())
-    applied = apply_step.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check)
+        sparse_squares, tf.compat.v1.trainable_variables(), script.flow if script else None)
+    applied = apply_step.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check,
+                               applied_before=script is not None)
     train_op = tf.group(applied.apply_op, *update_ops, name="dapple_train") if update_ops else applied.apply_op
     return _Step(train_op, grads_and_vars, allreduce_op_names, applied.slot_pairs, norm)
 

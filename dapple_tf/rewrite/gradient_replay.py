@@ -1,0 +1,119 @@
+"""A script's own gradient transform, replayed once per step on the pipeline's full-batch gradients.
+
+script_training.GradientFlow says what the script computes between its tf.gradients results and apply_gradients
+(T: clipping, unscaling, filtering, ...). `replay` imports T once, its inputs mapped:
+- each raw gradient component -> the pipeline's gradient of the same variable (accumulated over micro-batches,
+  all-reduced), multiplied or divided by the constants the script scaled its loss by before differentiating;
+- each sum of squares of a gathered-rows gradient -> the pipeline's per-lookup sum of squares (the accumulator
+  keeps it: gradients.GradientAccumulator(square_sparse=True)), scaled the same way;
+- everything else T reads (constants, variables, the global step, the learning rate) -> itself.
+Each imported operation runs on the device of its largest input (a gradient's device for per-gradient work; the
+few scalars of a global norm gather where the first of them is), so T moves no gradient between devices.
+"""
+
+from typing import Dict, List, Tuple
+
+import tensorflow as tf
+
+from dapple_tf.errors import DappleError
+from dapple_tf.model import script_training as st
+from dapple_tf.rewrite import graph_defs
+
+Pairs = List[Tuple[object, tf.Variable]]
+
+
+def _scale(flow: st.GradientFlow, tensor: tf.Tensor, power: int = 1) -> tf.Tensor:
+    """`tensor` times the factor the script's loss carried (to the `power`), on the tensor's device."""
+    if not flow.loss_factors:
+        return tensor
+    with tf.device(tensor.device):
+        for kind, factor in flow.loss_factors:
+            factor = tf.cast(factor, tensor.dtype)
+            for _ in range(power):
+                tensor = tensor * factor if kind == "mul" else tensor / factor
+        return tensor
+
+
+def _component(grad, role: str, dtype: tf.DType, flow: st.GradientFlow) -> tf.Tensor:
+    """The pipeline's counterpart of one component of a raw gradient."""
+    sparse = isinstance(grad, tf.IndexedSlices)
+    if role == st.DENSE:
+        return _scale(flow, tf.convert_to_tensor(grad) if sparse else grad)
+    device = grad.values.device if sparse else grad.device
+    with tf.device(device):
+        if role == st.VALUES:
+            return _scale(flow, grad.values if sparse else grad)
+        if role == st.INDICES:
+            return tf.cast(grad.indices, dtype) if sparse else tf.range(tf.shape(grad)[0], dtype=dtype)
+        return tf.cast(grad.dense_shape, dtype) if sparse else tf.shape(grad, out_type=dtype)
+
+
+def _substitute(sub: st.Substitute, squares: Dict[str, tf.Tensor], flow: st.GradientFlow, device: str) -> tf.Tensor:
+    if not squares:
+        raise DappleError(f"the script's gradient transform sums the squares of the gathered rows of "
+                          f"{sub.variable.op.name}, but the pipeline's gradient of it is not gathered rows alone")
+    per_device = []
+    for d in sorted(squares):
+        with tf.device(d):
+            per_device.append(tf.identity(squares[d]))
+    with tf.device(device):
+        total = per_device[0] if len(per_device) == 1 else tf.add_n(per_device)
+        total = _scale(flow, total, power=2)
+        for kind, factor in sub.factors:
+            factor = tf.cast(factor, total.dtype)
+            total = total * factor * factor if kind == "mul" else total / factor / factor
+        if sub.kind == st.L2_LOSS:
+            total = total / 2
+        return tf.reshape(total, sub.shape)
+
+
+def _device_of(op: tf.Operation, default: str) -> str:
+    """The device of `op`'s largest placed input."""
+    best, size = default, -1.0
+    for t in op.inputs:
+        if not t.device:
+            continue
+        elements = t.shape.num_elements() if t.shape.is_fully_defined() else float("inf")
+        if elements > size:
+            best, size = t.device, elements
+    return best
+
+
+def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, default_device: str) -> Pairs:
+    """The (gradient, variable) pairs the script would give apply_gradients, computed from the pipeline's
+    `grads_and_vars` (its user variables' full-batch gradients) by T; see the module docstring."""
+    graph = tf.compat.v1.get_default_graph()
+    grad_of = {id(v): g for g, v in grads_and_vars}
+    input_map: Dict[str, tf.Tensor] = dict(flow.externals)
+    for name, source in flow.sources.items():
+        if id(source.variable) not in grad_of:
+            raise DappleError(f"the pipeline computed no gradient for {source.variable.op.name}, which the script "
+                              "applies")
+        dtype = graph.get_tensor_by_name(name).dtype
+        input_map[name] = _component(grad_of[id(source.variable)], source.role, dtype, flow)
+    for name, sub in flow.substitutes.items():
+        input_map[name] = _substitute(sub, sparse_squares.get(sub.variable, {}), flow, default_device)
+    outputs = sorted({t.name for g, _ in flow.finals for _, t in st.components(g)} - set(input_map))
+    imported: Dict[str, tf.Tensor] = {}
+    if flow.ops and outputs:
+        graph_def = graph_defs.stage_graph_defs(graph, [flow.ops])[0].graph_def
+        first = len(graph.get_operations())
+        read = {i for node in graph_def.node for i in node.input}
+        fed = {name: t for name, t in input_map.items() if name in read or name.endswith(":0") and name[:-2] in read}
+        results = tf.compat.v1.import_graph_def(graph_def, input_map=fed, return_elements=outputs,
+                                                name="dapple/gradient_transform")
+        for op in graph.get_operations()[first:]:
+            op._set_device(_device_of(op, default_device))  # pylint: disable=protected-access
+        imported = dict(zip(outputs, results))
+
+    def mapped(t: tf.Tensor) -> tf.Tensor:
+        return input_map[t.name] if t.name in input_map else imported[t.name]
+
+    pairs = []
+    for grad, variable in flow.finals:
+        if isinstance(grad, tf.IndexedSlices):
+            shape = mapped(grad.dense_shape) if grad.dense_shape is not None else None
+            pairs.append((tf.IndexedSlices(mapped(grad.values), mapped(grad.indices), shape), variable))
+        else:
+            pairs.append((mapped(tf.convert_to_tensor(grad)), variable))
+    return pairs
