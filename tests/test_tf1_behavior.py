@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests import script_models
 from tests.programs import ROOT
 
 pytestmark = pytest.mark.slow  # ~40 s: one process, five pipelines and their single-device runs
@@ -29,6 +30,15 @@ def test_trains_as_on_one_device_under_tf1_behavior(probe, case):
     assert weights < 1e-5 and norms < 1e-5, (weights, norms)
     assert global_step == 3
     assert smallest_norm > (0.5 if case.startswith("bert") else 0.05)  # clipping acted in every step
+
+
+@pytest.mark.parametrize("idiom", script_models.IDIOMS + script_models.SPARSE_IDIOMS)
+def test_scripts_own_training_steps_train_as_on_one_device_under_tf1_behavior(probe, idiom):
+    """tests/test_script_training.py's idioms (minimize with UPDATE_OPS, loss scaling, clipping, EMA, gathered rows)
+    as the probe builds them under TF1 behavior: all global variables within 1e-5 of the script on one device."""
+    difference, global_step = probe[f"script {idiom}"]
+    assert difference < 1e-5
+    assert global_step == 3
 
 
 def test_reference_variables_are_refused_with_the_fix(probe):

@@ -13,7 +13,7 @@ _CPU = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 4)
 
 import dapple_tf  # noqa: E402
-from tests import tf1_models  # noqa: E402
+from tests import script_harness, script_models, tf1_models  # noqa: E402
 from tests.pipeline_harness import cpu, initial_weights  # noqa: E402
 from tests.training_scripts_harness import differences, train_pipelined, train_single  # noqa: E402
 
@@ -28,6 +28,21 @@ def compare(loss_fn, batch, make_optimizer, stages, layers, clip, **build):
     got = train_pipelined(loss_fn, x, y, make_optimizer, plan, STEPS, clip, initial, layers=layers, **build)
     weights, norms = differences(want, got)
     return [weights, norms, int(got.global_step), min(float(n) for n in want.norms)]
+
+
+def compare_script(idiom: str, i: int):
+    """The script_models idiom trained as written on one device and pipelined: [largest difference, global step]."""
+    sparse = idiom in script_models.SPARSE_IDIOMS
+    x, y = script_models.ids_batch() if sparse else script_models.batch()
+    bn = not sparse and i % 2 == 0
+    stages, micro_batches, build = ((script_models.SPARSE_STAGES, 2, {}) if sparse else
+                                    (script_models.BN_CASES if bn else script_models.FREE_CASES)[i // 2 % 2])
+    model_fn = script_models.model_fn(idiom, bn)
+    initial = script_harness.initial_values(model_fn, x, y)
+    want, _ = script_harness.train_one_device(model_fn, x, y, STEPS, initial)
+    plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=micro_batches)
+    got, _ = script_harness.train_pipelined(model_fn, x, y, plan, STEPS, initial, **build)
+    return [script_harness.largest_difference(want, got), int(got["global_step"])]
 
 
 def main():
@@ -54,6 +69,8 @@ def main():
     }
     for name, (loss_fn, batch, optimizer, stages, layers, clip, build) in cases.items():
         results[name] = compare(loss_fn, batch, optimizer, stages, layers, clip, **build)
+    for i, idiom in enumerate(script_models.IDIOMS + script_models.SPARSE_IDIOMS):
+        results[f"script {idiom}"] = compare_script(idiom, i)
     tf.compat.v1.disable_resource_variables()
     try:
         compare(tf1_models.seq2seq_loss, tf1_models.seq_batch(8), adam,

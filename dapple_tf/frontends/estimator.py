@@ -40,7 +40,8 @@ from dapple_tf.errors import DappleError, PlanError
 from dapple_tf.rewrite.graph_walk import depends_on_any
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.model import minimize as minimize_lib
-from dapple_tf.rewrite.pipeline import as_plan, build_pipeline, check_optimizer
+from dapple_tf.model.optimizers import check_optimizer
+from dapple_tf.rewrite.pipeline import as_plan, build_pipeline
 from dapple_tf.rewrite.replicas import canonical_device
 
 ModeKeys = tf_estimator.estimator.ModeKeys

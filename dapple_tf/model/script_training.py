@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import tensorflow as tf
 
 from dapple_tf.errors import DappleError
+from dapple_tf.model.optimizers import check_optimizer
 from dapple_tf.model.training_calls import ApplyCall, GradientsCall, TrainingCalls
 
 DENSE, VALUES, INDICES, DENSE_SHAPE = "dense", "values", "indices", "dense_shape"
@@ -145,10 +146,10 @@ class _FlowWalk:
         self.used: Set[str] = set()
 
     def walk(self, tensors: List[tf.Tensor]) -> None:
-        stack = list(tensors)
+        stack = [(t, None) for t in tensors]
         seen = set()
         while stack:
-            t = stack.pop()
+            t, reader = stack.pop()
             if t.name in seen:
                 continue
             seen.add(t.name)
@@ -168,13 +169,14 @@ class _FlowWalk:
                     f"the gradients given to apply_gradients at {self.apply.where} are computed from {t.name}, an "
                     "intermediate of tf.gradients rather than its result; " + _INSTEAD)
             if op in self.forward or op.type == "Placeholder":
+                through = f"{reader.name} reads {t.name}" if reader is not None else t.name
                 raise DappleError(
                     f"the gradients given to apply_gradients at {self.apply.where} are computed from the batch "
-                    f"besides the gradients of the loss (through {t.name}, which the loss's computation or the "
-                    "model's inputs give): the pipeline applies the gradients it accumulates over micro-batches and "
-                    "cannot replay that; " + _INSTEAD)
+                    f"besides the gradients of the loss ({through}, of the model's inputs or the loss's computation): "
+                    "the pipeline applies the gradients it accumulates over micro-batches and cannot replay that; "
+                    + _INSTEAD)
             self.ops.add(op)
-            stack.extend(op.inputs)
+            stack.extend((i, t) for i in op.inputs)
 
     def _substitute(self, t: tf.Tensor) -> Optional[Substitute]:
         """A sum of squares of a gathered-rows gradient, maybe scaled by constants first (tf.clip_by_global_norm's
@@ -253,6 +255,10 @@ def _the_apply(calls: TrainingCalls) -> ApplyCall:
         raise DappleError(f"model_fn applies gradients {len(calls.applies)} times (apply_gradients or minimize at "
                           f"{places}): the pipeline runs one training step; apply the gradients of the loss once")
     apply = calls.applies[0]
+    try:
+        check_optimizer(apply.optimizer)
+    except DappleError as e:
+        raise DappleError(f"apply_gradients at {apply.where}: {e}") from None
     if apply.grads_and_vars is None:
         raise DappleError(
             f"apply_gradients at {apply.where} was given its (gradient, variable) pairs as an iterator that cannot be "

@@ -29,6 +29,7 @@ from dapple_tf.rewrite import (apply_step, batch_norm as batch_norm_lib, collect
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model import minimize as minimize_lib, training_calls
 from dapple_tf.model.model_training import ModelTraining
+from dapple_tf.model.optimizers import check_optimizer
 from dapple_tf.model.graph_mode import require_graph_mode
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
@@ -206,32 +207,6 @@ def _check_inputs(optimizer, plan, options: Optional[PipelineOptions]) -> Tuple[
     return options, plan
 
 
-_KERAS_TO_V1 = {"Adam": "AdamOptimizer", "SGD": "GradientDescentOptimizer or MomentumOptimizer",
-                "RMSprop": "RMSPropOptimizer", "Adagrad": "AdagradOptimizer", "Adadelta": "AdadeltaOptimizer",
-                "Ftrl": "FtrlOptimizer"}
-
-
-def check_optimizer(optimizer) -> None:
-    """A tf.compat.v1.train.Optimizer, or a DappleError saying which one to use instead."""
-    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        kind = type(optimizer)
-        if "keras" in kind.__module__ or any("keras" in b.__module__ for b in kind.__mro__):
-            v1 = _KERAS_TO_V1.get(kind.__name__)
-            instead = (f"tf.compat.v1.train.{v1}" if v1 else "the tf.compat.v1.train optimizer of the same rule (or "
-                       "a tf.compat.v1.train.Optimizer subclass: AdamW as in examples/bert_tf1/optimization.py)")
-            raise DappleError(
-                f"optimizer is a Keras optimizer ({kind.__module__}.{kind.__name__}); the pipeline applies the "
-                f"gradients itself in graph mode with a tf.compat.v1.train.Optimizer: use {instead}")
-        raise DappleError(
-            f"optimizer must be a tf.compat.v1.train.Optimizer (graph mode), got {kind.__name__}"
-        )
-    if type(optimizer).__module__.startswith("horovod."):
-        raise DappleError(
-            "hvd.DistributedOptimizer cannot be given to build_pipeline (it all-reduces in compute_gradients, which "
-            "the pipeline never calls): pass the plain optimizer and use dapple_tf.frontends.horovod.build_pipeline"
-        )
-
-
 def _trace_template(graph: tf.Graph, model_fn, features, labels, plan: Plan, layers
                     ) -> Tuple[template_lib.Template, Set[tf.Operation], ModelTraining]:
     """model_fn called once on placeholders like the global batch, with its layers recorded, cut into the
@@ -286,10 +261,6 @@ def _training(model_train: ModelTraining, optimizer, options: PipelineOptions, g
         raise DappleError(f"model_fn {how} with its own optimizer and build_pipeline got one too: pass "
                           "optimizer=None (the Trainer and dapple_train do for an Estimator-style model_fn)")
     if script is not None:
-        try:
-            check_optimizer(script.optimizer)
-        except DappleError as e:
-            raise DappleError(f"apply_gradients at {script.where}: {e}") from None
         for field in ("clip_global_norm", "gradient_fn"):
             if getattr(options, field) is not None:
                 raise DappleError(f"PipelineOptions.{field} is set, but model_fn computes what it applies itself "

@@ -1,0 +1,133 @@
+"""model_fns that build their own training step the ways TF1 scripts do (test_script_training.py and
+script_tf1_probe.py train each on one device as written and pipelined, unchanged).
+
+Each returns Spec(loss, train_op). `bn=True` normalizes the input with its batch statistics (tf.nn.moments, moving
+averages assigned in UPDATE_OPS, as slim writes batch norm); the idioms:
+- group:      train_op = tf.group(optimizer.minimize(loss, global_step), update_ops), piecewise learning rate
+- control:    with tf.control_dependencies(update_ops): train_op = optimizer.minimize(loss, global_step)
+- group_more: the update ops listed in tf.group beside a counter's increment
+- scaled:     compute_gradients(loss * 128), then g / 128, clip_by_norm per gradient, one variable left out
+- bert:       tf.gradients(loss, tvars), tf.clip_by_global_norm, Adam's apply_gradients(zip(...)) without the
+              global step, then global_step.assign_add(1) under a control dependency on it (TF1 BERT)
+- ema:        minimize, then ExponentialMovingAverage(0.9).apply(trainable variables) under a control dependency
+And the same for gathered rows (an embedding table): sparse_clip (tf.gradients + clip_by_global_norm + Adam),
+sparse_unscale (loss scaled by 8, rows divided back, then clipped), sparse_clip_norm (clip_by_norm per gradient).
+"""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+
+import dapple_tf
+
+v1 = tf.compat.v1
+Spec = collections.namedtuple("Spec", ["loss", "train_op"])  # what an EstimatorSpec holds that training reads
+IDIOMS = ("group", "control", "group_more", "scaled", "bert", "ema")
+SPARSE_IDIOMS = ("sparse_clip", "sparse_unscale", "sparse_clip_norm")
+IN, HIDDEN, CLASSES, VOCAB = 6, 8, 3, 12
+_CPU = "/device:CPU:{}".format
+# (stages, M, build_pipeline options): BN models at M=1 (each micro-batch would be batch norm's batch), statistics
+# synchronized across the 2 replicas; BN-free ones at M=4
+BN_CASES = [([("in", "mid", [_CPU(0), _CPU(1)]), ("head", "head", [_CPU(2)])], 1, dict(batch_norm="sync", **build))
+            for build in (dict(schedule="dapple", stage_functions=False), dict(schedule="zb-h1", stage_functions=True))]
+FREE_CASES = [([("in", "in", [_CPU(0), _CPU(1)]), ("mid", "head", [_CPU(2)])], 4, build)
+              for build in (dict(schedule="dapple", stage_functions=True), dict(schedule="zb-h1", stage_functions=False))]
+SPARSE_STAGES = [("in", "in", [_CPU(0), _CPU(1)]), ("mid", "head", [_CPU(2)])]
+
+
+def batch(n=16, seed=0):
+    rng = np.random.RandomState(seed)
+    return rng.randn(n, IN).astype(np.float32), rng.randint(0, CLASSES, n).astype(np.int32)
+
+
+def ids_batch(n=16, seed=1):
+    rng = np.random.RandomState(seed)
+    return rng.randint(0, VOCAB, (n, 3)).astype(np.int32), rng.randint(0, CLASSES, n).astype(np.int32)
+
+
+def _update_ops():
+    return v1.get_collection(v1.GraphKeys.UPDATE_OPS)
+
+
+def _dense_loss(features, labels, bn):
+    with dapple_tf.layer("in"):
+        if bn:
+            mean, variance = tf.nn.moments(features, [0])
+            moving_mean = v1.get_variable("moving_mean", initializer=tf.zeros([IN]), trainable=False)
+            moving_var = v1.get_variable("moving_var", initializer=tf.ones([IN]), trainable=False)
+            for moving, value in ((moving_mean, mean), (moving_var, variance)):
+                v1.add_to_collection(v1.GraphKeys.UPDATE_OPS, moving.assign_sub((moving - value) * 0.1))
+            features = (features - mean) * tf.math.rsqrt(variance + 1e-3)
+        h = tf.tanh(tf.matmul(features, v1.get_variable("w_in", [IN, HIDDEN])) + v1.get_variable(
+            "b_in", initializer=tf.fill([HIDDEN], 0.1)))
+    with dapple_tf.layer("mid"):
+        h = tf.tanh(tf.matmul(h, v1.get_variable("w_mid", [HIDDEN, HIDDEN])))
+    with dapple_tf.layer("head"):
+        logits = tf.matmul(h, v1.get_variable("w_out", [HIDDEN, CLASSES]))
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def _sparse_loss(ids, labels):
+    with dapple_tf.layer("in"):
+        table = v1.get_variable("table", [VOCAB, HIDDEN], initializer=v1.random_normal_initializer(stddev=2.0))
+        h = tf.reduce_mean(tf.gather(table, ids), axis=1)
+    with dapple_tf.layer("mid"):
+        h = tf.tanh(tf.matmul(h, v1.get_variable("w_mid", [HIDDEN, HIDDEN])))
+    with dapple_tf.layer("head"):
+        logits = tf.matmul(h, v1.get_variable("w_out", [HIDDEN, CLASSES]))
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def _unscaled(grad, scale):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / scale, grad.indices, grad.dense_shape)
+    return grad / scale
+
+
+def model_fn(idiom: str, bn: bool = False):
+    """The model_fn of `idiom` (IDIOMS on the dense model, SPARSE_IDIOMS on the embedding model)."""
+
+    def fn(features, labels):
+        sparse = idiom.startswith("sparse")
+        loss = _sparse_loss(features, labels) if sparse else _dense_loss(features, labels, bn)
+        global_step = v1.train.get_or_create_global_step()
+        if idiom in ("bert", "sparse_clip"):
+            optimizer = v1.train.AdamOptimizer(0.05)
+            tvars = v1.trainable_variables()
+            grads, _ = tf.clip_by_global_norm(tf.gradients(loss, tvars), clip_norm=0.5)
+            train_op = optimizer.apply_gradients(zip(grads, tvars))
+            with tf.control_dependencies([train_op]):
+                return Spec(loss, tf.group(train_op, global_step.assign_add(1), *_update_ops()))
+        learning_rate = v1.train.piecewise_constant(global_step, [1], [0.1, 0.05])
+        optimizer = v1.train.MomentumOptimizer(learning_rate, 0.9)
+        if idiom == "group":
+            minimize_op = optimizer.minimize(loss, global_step)
+            return Spec(loss, tf.group(minimize_op, _update_ops()))
+        if idiom == "control":
+            with tf.control_dependencies(_update_ops()):
+                return Spec(loss, optimizer.minimize(loss, global_step))
+        if idiom == "group_more":
+            counter = v1.get_variable("steps_seen", initializer=0, trainable=False)
+            return Spec(loss, tf.group(optimizer.minimize(loss, global_step), *_update_ops(), counter.assign_add(1)))
+        if idiom in ("scaled", "sparse_unscale"):
+            pairs = [(_unscaled(g, 128.0), v) for g, v in optimizer.compute_gradients(loss * 128.0)]
+            if idiom == "scaled":
+                pairs = [(tf.clip_by_norm(g, 0.2), v) for g, v in pairs if v.op.name != "b_in"]
+            else:
+                grads, _ = tf.clip_by_global_norm([g for g, _ in pairs], 0.5)
+                pairs = list(zip(grads, [v for _, v in pairs]))
+            with tf.control_dependencies(_update_ops()):
+                return Spec(loss, optimizer.apply_gradients(pairs, global_step))
+        if idiom == "sparse_clip_norm":
+            pairs = [(tf.clip_by_norm(g, 0.2), v) for g, v in optimizer.compute_gradients(loss)]
+            return Spec(loss, optimizer.apply_gradients(pairs, global_step))
+        if idiom == "ema":
+            train_op = optimizer.minimize(loss, global_step)
+            averages = v1.train.ExponentialMovingAverage(0.9)
+            with tf.control_dependencies([train_op]):
+                train_op = averages.apply(v1.trainable_variables())
+            return Spec(loss, tf.group(train_op, *_update_ops()))
+        raise ValueError(f"unknown idiom {idiom!r}")
+
+    return fn
