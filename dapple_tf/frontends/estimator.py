@@ -22,11 +22,10 @@ LOCAL_VARIABLES, so checkpoints hold exactly the single-device variables: single
 pipelined checkpoints warm-start each other. EVAL and PREDICT call the user's model once, on one
 device, under a fresh LayerRecorder (markers are plain name scopes, misuse still caught).
 
-Summaries the user's model adds while the pipeline's template is built read the template's
-placeholders, which no step feeds: summaries that read them are dropped from the SUMMARIES
-collection (with a warning; the Estimator still records the pipeline's loss). The model's
-UPDATE_OPS (batch-norm moving averages) run once per step in the pipeline's train_op
-(build_pipeline, batch_norm.py).
+Summaries the user's model adds are built again on what the pipeline computes (scalar means averaged
+over micro-batches, metrics from the whole batch: dapple_tf/rewrite/summaries.py), so the Estimator
+records them as on one device. The model's UPDATE_OPS (batch-norm moving averages) run once per step in
+the pipeline's train_op (build_pipeline, batch_norm.py).
 This module imports tensorflow_estimator: the TF 2.21 environment has none.
 """
 
@@ -37,7 +36,6 @@ import tensorflow_estimator as tf_estimator
 
 from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.errors import DappleError, PlanError
-from dapple_tf.rewrite.graph_walk import depends_on_any
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.model import minimize as minimize_lib
 from dapple_tf.model.optimizers import check_optimizer
@@ -149,23 +147,7 @@ def _train_spec(user_model_fn, optimizer, plan, options, layers, features, label
                 f"input_fn gave {tensor.name} with shape {tensor.shape}: the pipeline needs batches of a known "
                 "size (the plan's global batch); batch with dataset.batch(n, drop_remainder=True)"
             )
-    graph = tf.compat.v1.get_default_graph()
-    first_new_op = len(graph.get_operations())
     handle = build_pipeline(user_model_fn, features, labels, optimizer, plan, options,
                             global_step=tf.compat.v1.train.get_or_create_global_step(), layers=layers)
-    _drop_template_summaries(graph, first_new_op)
     scaffold = tf.compat.v1.train.Scaffold(local_init_op=handle.local_init_op)
     return EstimatorSpec(ModeKeys.TRAIN, loss=handle.loss, train_op=handle.train_op, scaffold=scaffold)
-
-
-def _drop_template_summaries(graph: tf.Graph, first_new_op: int) -> None:
-    """Removes from SUMMARIES the summaries that read a placeholder the pipeline build created."""
-    new_placeholders = {op for op in graph.get_operations()[first_new_op:] if op.type == "Placeholder"}
-    summaries = graph.get_collection_ref(tf.compat.v1.GraphKeys.SUMMARIES)
-    dropped = [s for s in summaries if depends_on_any(s.op, new_placeholders)]
-    for summary in dropped:
-        summaries.remove(summary)
-    if dropped:
-        tf.compat.v1.logging.warning(
-            "dapple_tf.frontends.estimator: summaries %s read the model's inputs and are not recorded in pipelined training "
-            "(the loss is); summaries of variables are", [s.op.name for s in dropped])

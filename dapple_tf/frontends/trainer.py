@@ -19,7 +19,8 @@ with the same error, naming the task, within seconds (a dead process) or `failur
 that does not answer).
 
 Each step's loss, samples/s and step time, and every `summary_every` steps the peak allocator use
-per device (from a traced step), go to TensorBoard summaries in model_dir; a progress line is
+per device (from a traced step) and the model's own summaries (rebuilt on the pipeline: summaries.py), go to
+TensorBoard summaries in model_dir; a progress line is
 printed every `log_every` steps; with `eval_input_fn`, the loss on held-out data is computed through
 the single-device graph (model_fn again, re-using the variables) every `eval_every` steps.
 """
@@ -141,12 +142,13 @@ class Trainer:
             else:
                 handle = build_pipeline(model_fn, features, labels, self._optimizer(), self.plan,
                                         self.pipeline_options, global_step=global_step, layers=self.layers)
+            model_summaries = tf.compat.v1.summary.merge_all()  # the model's own (rebuilt on the pipeline)
             eval_loss = self._eval_loss(graph, global_step) if self.eval_input_fn else None
             batch = _batch_size(features)
             saver = tf.compat.v1.train.Saver(max_to_keep=self.options.keep_checkpoints)
             scaffold = tf.compat.v1.train.Scaffold(saver=saver, local_init_op=handle.local_init_op)
             progress = _ProgressHook(handle.loss, global_step, batch, steps, self.model_dir, self.options,
-                                     eval_loss, self.log)
+                                     eval_loss, self.log, model_summaries)
             hooks = [tf.compat.v1.train.StopAtStepHook(last_step=steps), progress] + self.hooks
             if self.horovod is not None:
                 hooks.insert(0, self.horovod.broadcast_hook(handle))  # before any hook reads a variable
@@ -245,8 +247,10 @@ def _batch_size(features) -> int:
 class _ProgressHook(tf.compat.v1.train.SessionRunHook):
     """Progress lines, scalar summaries, per-device peak memory and held-out loss."""
 
-    def __init__(self, loss, global_step, batch_size, last_step, model_dir, options: TrainerOptions, eval_loss, log):
+    def __init__(self, loss, global_step, batch_size, last_step, model_dir, options: TrainerOptions, eval_loss, log,
+                 model_summaries=None):
         self._loss, self._global_step, self._batch = loss, global_step, batch_size
+        self._model_summaries = model_summaries
         self._last_step, self._options, self._eval_loss, self._log = last_step, options, eval_loss, log
         self._model_dir = model_dir
         self._writer = None
@@ -273,7 +277,10 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
         options = None
         if self._trace_next:
             options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        return tf.compat.v1.train.SessionRunArgs({"loss": self._loss, "step": self._global_step}, options=options)
+        fetches = {"loss": self._loss, "step": self._global_step}
+        if self._writer and every and (self.step + 1) % every == 0 and self._model_summaries is not None:
+            fetches["summary"] = self._model_summaries
+        return tf.compat.v1.train.SessionRunArgs(fetches, options=options)
 
     def after_run(self, run_context, run_values):
         elapsed = time.perf_counter() - self._started
@@ -292,6 +299,8 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
             self._log(f"step {self.step}: held-out loss {self.last_eval:.4f}")
         if self._writer and (self._trace_next or evaluate or self.step % self._options.summary_every == 0):
             self._write(scalars)
+        if "summary" in run_values.results:
+            self._writer.add_summary(run_values.results["summary"], self.step)
         every = self._options.log_every
         if every and (self.step % every == 0 or self.step == self._last_step):
             window = time.perf_counter() - self._window_start

@@ -48,6 +48,24 @@ def descendants(starts: Sequence[tf.Operation], stop_types: Collection[str] = ()
     return seen
 
 
+def descendants_with_control(starts: Sequence[tf.Operation], graph: tf.Graph) -> Set[tf.Operation]:
+    """`starts` and every op reachable from them through data or control edges (a value read after an assign
+    under a control dependency, as a metric's update gives it, depends on what the assign wrote)."""
+    control_outputs = {}
+    for op in graph.get_operations():
+        for c in op.control_inputs:
+            control_outputs.setdefault(c, []).append(op)
+    seen, stack = set(), list(starts)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(c for out in op.outputs for c in out.consumers())
+        stack.extend(control_outputs.get(op, ()))
+    return seen
+
+
 def ancestors_in_order(ops: Sequence[tf.Operation], keep) -> List[tf.Operation]:
     """The ops `ops` compute from through data edges (not `ops` themselves), walking only through ops for which
     `keep(op)` holds, in creation order (a topological order)."""

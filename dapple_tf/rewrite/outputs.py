@@ -7,7 +7,9 @@ micro-batches and replicas into one global-batch value:
 - MEAN: a floating-point scalar that is a mean over the samples (accuracy, a loss term): the clones'
   values weighted by their slice's share of the global batch;
 - FIXED: a tensor that does not depend on the inputs (a weight norm, a learning rate): fetched as it is;
-- INPUT: one of the (global-batch) inputs itself.
+- INPUT: one of the (global-batch) inputs itself;
+- FIRST: a batch-leading tensor of which the first micro-batch's rows are enough (what image and histogram
+  summaries show: summaries.py).
 Anything else (a batch statistic that is not a scalar mean) is refused at build time.
 """
 
@@ -19,7 +21,7 @@ import tensorflow as tf
 from dapple_tf.rewrite import microbatch
 from dapple_tf.errors import DappleError
 
-BATCH, MEAN, FIXED, INPUT = "batch", "mean", "fixed", "input"
+BATCH, MEAN, FIXED, INPUT, FIRST = "batch", "mean", "fixed", "input", "first"
 
 
 @dataclasses.dataclass
@@ -99,7 +101,8 @@ def combine(
     global_batch = sum(sizes) * num_micro_batches
     order = [(m, j) for m in range(num_micro_batches) for j in range(len(sizes))]
     with tf.device(devices[0]), tf.name_scope("dapple/outputs"):
-        if extra.kind == BATCH:
+        if extra.kind in (BATCH, FIRST):
+            order = order if extra.kind == BATCH else [(0, j) for j in range(len(sizes))]
             for m, j in order:
                 check_clone_rows(extra, per_clone[(m, j)], sizes[j])
             return microbatch.concat_rows([per_clone[key] for key in order])

@@ -24,7 +24,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.eager import context
 
 from dapple_tf.rewrite import (apply_step, batch_norm as batch_norm_lib, collectives, gradient_transforms, gradients,
-                               graph_walk, outputs as outputs_lib, random_ops, stage_function,
+                               graph_walk, outputs as outputs_lib, random_ops, stage_function, summaries,
                                template as template_lib)
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model import minimize as minimize_lib, training_calls
@@ -157,6 +157,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     copies = VariableCopies()
     sync = options.batch_norm == batch_norm_lib.SYNC
     updates = batch_norm_lib.prepare(template, created, layout, sync)
+    model_summaries = summaries.Summaries(graph, template, created,
+                                          model_train.script.replaced if model_train.script else set())
     builder = StageBuilder(graph, template, layout, copies, trainable, sync_keys=keys if sync else None,
                            stage_functions=options.stage_functions, traced_functions=options.traced_functions,
                            sync_statistics=updates.synchronized,
@@ -168,6 +170,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     builder.chain()
     extra_outputs = builder.extra_outputs()
     update_ops = updates.build(builder.combined, layout.stages[-1].devices[0])
+    model_summaries.build(builder.combined, layout.stages[-1].devices[0])
     with tf.device(layout.stages[-1].devices[0]):
         loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
     step = _reduce_and_apply(graph, builder, copies, keys, optimizer, options, global_step, update_ops,
@@ -237,11 +240,10 @@ def _trace_template(graph: tf.Graph, model_fn, features, labels, plan: Plan, lay
     created = set(graph.get_operations()[first_model_op:])
     stages = plan.resolve(recorder.names)
     variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
-    placeholders = [graph.get_tensor_by_name(p).op for p in inputs]
+    batch_dependent = graph_walk.descendants([graph.get_tensor_by_name(p).op for p in inputs])
     model_train = ModelTraining.of(requests, calls, loss, spec_train_op,
                                    set(batch_norm_lib.model_update_ops(graph, created)),
-                                   {v.handle.name: v for v in variables if hasattr(v, "handle")},
-                                   graph_walk.descendants(placeholders))
+                                   {v.handle.name: v for v in variables if hasattr(v, "handle")}, batch_dependent)
     if model_train.script is not None:
         created -= model_train.script.replaced
     return template_lib.analyze(loss, inputs, recorder.layers, stages, variables, extras), created, model_train
