@@ -131,3 +131,20 @@ def model_fn(idiom: str, bn: bool = False):
         raise ValueError(f"unknown idiom {idiom!r}")
 
     return fn
+
+
+def micro_batch_reference(micro_batches: int):
+    """One device normalizing as a pipeline at M micro-batches does: the batch split into M parts along the batch,
+    the model on each (variables reused), the losses averaged; Momentum as the `control` idiom has it."""
+
+    def fn(features, labels):
+        losses = []
+        for x, y in zip(tf.split(features, micro_batches), tf.split(labels, micro_batches)):
+            with v1.variable_scope(v1.get_variable_scope(), reuse=v1.AUTO_REUSE):
+                losses.append(_dense_loss(x, y, bn=True))
+        loss = tf.add_n(losses) / micro_batches
+        global_step = v1.train.get_or_create_global_step()
+        learning_rate = v1.train.piecewise_constant(global_step, [1], [0.1, 0.05])
+        return Spec(loss, v1.train.MomentumOptimizer(learning_rate, 0.9).minimize(loss, global_step))
+
+    return fn

@@ -3,16 +3,13 @@ script"), trains pipelined inside its encoder (2:1) as the unported script does 
 Estimator and through dapple_train --scope_patterns."""
 
 import os
-import re
-import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from planner.formats import plan_pb2, write_message
+from tests import ported_examples
 from tests.programs import ROOT, run_program
 
 pytestmark = [pytest.mark.primary_only, pytest.mark.slow]  # tf.estimator; ~80 s: two Estimator and two CLI runs
@@ -21,40 +18,16 @@ EXAMPLE = os.path.join(ROOT, "examples", "bert_tf1")
 LAYERS = "bert/embeddings,bert/encoder/layer_*,bert/pooler,loss"  # 7 layers: embeddings, 4 encoder layers, ...
 
 
-def port_diff() -> str:
-    with open(os.path.join(ROOT, "docs", "user_guide.md")) as f:
-        guide = f.read()
-    section = guide[guide.index("## Porting a training script"):]
-    return re.search(r"```diff\n(.*?)```", section, re.S).group(1)
-
-
 @pytest.fixture(scope="module")
 def ported(tmp_path_factory):
     """The example with the guide's diff applied (git apply, as a user would patch it)."""
-    root = tmp_path_factory.mktemp("ported")
-    shutil.copytree(EXAMPLE, root / "examples" / "bert_tf1", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "port.diff").write_text(port_diff())
-    subprocess.run(["git", "apply", "-p1", "port.diff"], cwd=root, check=True, capture_output=True)
-    return root / "examples" / "bert_tf1"
-
-
-def plan_file(path, stages, micro_batches):
-    plan = plan_pb2.Plan(num_micro_batches=micro_batches, global_batch_size=16)
-    plan.cluster.device_names.extend([f"/device:CPU:{i}" for i in range(max(max(d) for _, _, d in stages) + 1)])
-    for first, last, devices in stages:
-        plan.stages.add(first_layer=first, last_layer=last, device_ids=devices)
-    write_message(plan, str(path))
-    return str(path)
+    return ported_examples.ported("bert_tf1", tmp_path_factory.mktemp("ported"))
 
 
 def test_the_port_is_three_lines_none_in_model_fn():
-    changed = [line for line in port_diff().splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
-    assert len(changed) <= 3, changed
-
-
-def checkpoint(path):
-    reader = tf.train.load_checkpoint(str(path))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+    changed = ported_examples.changed_lines(ported_examples.port_diff("bert_tf1"))
+    assert len(changed) <= 3 and all(line.startswith("+") for line in changed), changed
+    assert not any("minimize" in line or "model_fn(" in line for line in changed)
 
 
 def assert_same_training(want, got):
@@ -87,13 +60,8 @@ def initial_checkpoint(path) -> float:
 
 
 def run_script(folder, model_dir, *args):
-    result = subprocess.run(
-        [sys.executable, os.path.join(folder, "run_classifier.py"), f"--model_dir={model_dir}", "--train_steps=4",
-         "--learning_rate=0.01", "--warmup_steps=1", "--num_cpu_devices=3", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return checkpoint(model_dir)
+    return ported_examples.run_script(os.path.join(folder, "run_classifier.py"), model_dir, "--train_steps=4",
+                                      "--learning_rate=0.01", "--warmup_steps=1", "--num_cpu_devices=3", *args)
 
 
 def test_ported_script_trains_pipelined_inside_the_encoder_as_on_one_device(ported, tmp_path):
@@ -101,7 +69,7 @@ def test_ported_script_trains_pipelined_inside_the_encoder_as_on_one_device(port
     assert norm > 1.0  # clipping at 1.0 acts
     init = f"--init_checkpoint={tmp_path / 'init' / 'model.ckpt'}"
     want = run_script(EXAMPLE, tmp_path / "single", init)
-    plan = plan_file(tmp_path / "plan.json", [(0, 2, [0, 1]), (3, 6, [2])], 2)  # cut after encoder layer_1, 2:1
+    plan = ported_examples.plan_file(tmp_path / "plan.json", [(0, 2, [0, 1]), (3, 6, [2])], 2)  # after layer_1, 2:1
     got = run_script(str(ported), tmp_path / "pipelined", init, f"--plan={plan}")
     assert_same_training(want, got)
 
@@ -114,8 +82,9 @@ def test_ported_model_fn_trains_through_dapple_train(ported, tmp_path):
                              f"--model_dir={tmp_path / name}", cwd=str(ported), timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "done: step 4" in result.stdout
-        return checkpoint(tmp_path / name)
+        return ported_examples.checkpoint(tmp_path / name)
 
+    plan_file = ported_examples.plan_file
     want = train("one", plan_file(tmp_path / "one.json", [(0, 6, [0])], 1), 1)
     got = train("two", plan_file(tmp_path / "two.json", [(0, 2, [0, 1]), (3, 6, [2])], 2), 3)
     assert_same_training(want, got)

@@ -13,7 +13,7 @@ from tensorflow.python.framework import op_callbacks
 import dapple_tf
 from dapple_tf.model import training_calls
 from tests import script_models
-from tests.pipeline_harness import SESSION_CONFIG
+from tests.pipeline_harness import SESSION_CONFIG, cpu
 from tests.script_harness import initial_values, largest_difference, train_one_device, train_pipelined
 
 v1 = tf.compat.v1
@@ -214,3 +214,19 @@ def test_observing_records_the_calls_and_leaves_no_callback_behind():
     assert type(apply.optimizer).__name__ == "MomentumOptimizer" and apply.global_step.op.name == "global_step"
     assert [v.op.name for _, v in apply.grads_and_vars] == ["w_in", "w_mid", "w_out"]  # b_in filtered out
     assert all(op.graph is graph for op in gradients.ops | apply.ops) and not gradients.ops & apply.ops
+
+
+def test_batch_norm_at_several_micro_batches_equals_the_micro_batch_reference():
+    """The user guide's check of a BN port at M > 1: one device with the batch split into M parts (each normalized
+    with its own statistics) gives the pipeline's weights; the script as written on one device does not."""
+    x, y = script_models.batch()
+    model_fn = script_models.model_fn("control", bn=True)
+    initial = initial_values(model_fn, x, y)
+    plan = dapple_tf.Plan.from_stages([("in", "mid", [cpu(0)]), ("head", "head", [cpu(1)])], num_micro_batches=4)
+    with pytest.warns(dapple_tf.BatchNormWarning):
+        got, _ = train_pipelined(model_fn, x, y, plan, STEPS, initial)
+    reference, _ = train_one_device(script_models.micro_batch_reference(4), x, y, STEPS, initial)
+    plain, _ = train_one_device(model_fn, x, y, STEPS, initial)
+    weights = [name for name in got if not name.startswith("moving_")]  # updated once, or once per part
+    assert largest_difference({k: reference[k] for k in weights}, {k: got[k] for k in weights}) < 1e-5
+    assert largest_difference({k: plain[k] for k in weights}, {k: got[k] for k in weights}) > 1e-3
