@@ -13,8 +13,9 @@
    order (for dapple-batched-w, after stacking each stage's weight gradients over its micro-batches);
 6. gradients and AllReduce (gradients.py, collectives.py): accumulation over micro-batches, then sums
    across the replicas in buckets;
-7. apply (gradient_transforms.py, apply_step.py, pipeline.py, replicas.py, batch_norm.py): clipping and the
-   gradient function, the optimizer's step on every copy, UPDATE_OPS once per step.
+7. apply (gradient_transforms.py, gradient_replay.py, apply_step.py, pipeline.py, replicas.py, batch_norm.py,
+   summaries.py): clipping and the gradient function (or the script's own transform, replayed), the optimizer's
+   step on every copy, UPDATE_OPS once per step, the model's summaries built again on the pipeline.
 Analyses the passes consult: normalization.py and sync_batch_norm.py (batch statistics), random_ops.py,
 outputs.py (extra outputs), graph_walk.py.
 """
