@@ -61,17 +61,17 @@ def _dense_loss(features, labels, bn):
             features = (features - mean) * tf.math.rsqrt(variance + 1e-3)
         h = tf.tanh(tf.matmul(features, v1.get_variable("w_in", [IN, HIDDEN])) + v1.get_variable(
             "b_in", initializer=tf.fill([HIDDEN], 0.1)))
-    with dapple_tf.layer("mid"):
-        h = tf.tanh(tf.matmul(h, v1.get_variable("w_mid", [HIDDEN, HIDDEN])))
-    with dapple_tf.layer("head"):
-        logits = tf.matmul(h, v1.get_variable("w_out", [HIDDEN, CLASSES]))
-        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    return _mid_and_head(h, labels)
 
 
 def _sparse_loss(ids, labels):
     with dapple_tf.layer("in"):
         table = v1.get_variable("table", [VOCAB, HIDDEN], initializer=v1.random_normal_initializer(stddev=2.0))
         h = tf.reduce_mean(tf.gather(table, ids), axis=1)
+    return _mid_and_head(h, labels)
+
+
+def _mid_and_head(h, labels):
     with dapple_tf.layer("mid"):
         h = tf.tanh(tf.matmul(h, v1.get_variable("w_mid", [HIDDEN, HIDDEN])))
     with dapple_tf.layer("head"):

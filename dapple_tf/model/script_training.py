@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import tensorflow as tf
 
 from dapple_tf.errors import DappleError
+from dapple_tf.rewrite import graph_walk
 from dapple_tf.model.optimizers import check_optimizer
 from dapple_tf.model.training_calls import ApplyCall, GradientsCall, TrainingCalls
 
@@ -180,26 +181,24 @@ class _FlowWalk:
 
     def _substitute(self, t: tf.Tensor) -> Optional[Substitute]:
         """A sum of squares of a gathered-rows gradient, maybe scaled by constants first (tf.clip_by_global_norm's
-        L2Loss, tf.clip_by_norm's sum)."""
+        L2Loss, tf.clip_by_norm's sum), recorded with what it reads."""
         op = t.op
         if op.type == "L2Loss":
-            rows = self._scaled_rows(op.inputs[0])
-            return Substitute(rows[0], L2_LOSS, t.shape, rows[1]) if rows else None
-        if op.type != "Sum" or op.inputs[0].op.type not in ("Square", "Mul"):
+            kind, rows = L2_LOSS, self._scaled_rows(op.inputs[0])
+        elif op.type == "Sum" and op.inputs[0].op.type in ("Square", "Mul") and \
+                len({x.name for x in op.inputs[0].op.inputs}) == 1 and _reduces_all_axes(op):
+            kind, rows = SQUARE_SUM, self._scaled_rows(op.inputs[0].op.inputs[0])
+        else:
             return None
-        operands = list(op.inputs[0].op.inputs)
-        rows = self._scaled_rows(operands[0])
-        if rows is None or len({x.name for x in operands}) != 1:
+        if rows is None:
             return None
-        axes = tf.get_static_value(op.inputs[1])
-        rank = operands[0].shape.rank
-        if axes is None or rank is None or sorted({int(a) % rank for a in tf.nest.flatten(axes.tolist())}) != \
-                list(range(rank)):
-            return None
-        return Substitute(rows[0], SQUARE_SUM, t.shape, rows[1])
+        source, factors = rows
+        self.used.add(source)
+        self.externals.update({factor.name: factor for _, factor in factors})
+        return Substitute(self.sources[source].variable, kind, t.shape, factors)
 
-    def _scaled_rows(self, t: tf.Tensor) -> Optional[Tuple[tf.Variable, List[Tuple[str, tf.Tensor]]]]:
-        """(variable, factors) when `t` is a gathered-rows gradient times or divided by constants."""
+    def _scaled_rows(self, t: tf.Tensor) -> Optional[Tuple[str, List[Tuple[str, tf.Tensor]]]]:
+        """(source tensor name, factors) when `t` is a gathered-rows gradient times or divided by constants."""
         factors = []
         while t.name not in self.sources:
             op = t.op
@@ -212,13 +211,15 @@ class _FlowWalk:
                     (op.type != "Mul" and op.inputs[0] is not batched[0]):
                 return None
             factors.append(("mul" if op.type == "Mul" else "div", other[0]))
-            self.externals[other[0].name] = other[0]
             t = batched[0]
-        source = self.sources[t.name]
-        if source.role != VALUES:
-            return None
-        self.used.add(t.name)
-        return source.variable, factors
+        return (t.name, factors) if self.sources[t.name].role == VALUES else None
+
+
+def _reduces_all_axes(op: tf.Operation) -> bool:
+    axes = tf.get_static_value(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    return axes is not None and rank is not None and \
+        sorted({int(a) % rank for a in tf.nest.flatten(axes.tolist())}) == list(range(rank))
 
 
 def _check_gathered_rows(ops: List[tf.Operation], sources: Dict[str, Source], where: str) -> None:
@@ -281,7 +282,7 @@ def of(calls: TrainingCalls, loss: tf.Tensor, variable_of_handle: Dict[str, tf.V
         all_sources.update(found)
         owner.update({name: call for name in found})
     gradient_ops = set().union(*(c.ops for c in calls.gradients)) if calls.gradients else set()
-    forward = _ancestors(loss.op)
+    forward = graph_walk.ancestors(loss.op)
     walk = _FlowWalk(apply, all_sources, gradient_ops, batch_dependent, forward)
     walk.walk([t for g, _ in finals for _, t in components(g)])
     used_calls = {id(owner[name]): owner[name] for name in walk.used}
@@ -331,17 +332,4 @@ def _variables(sources: Dict[str, Source], walk: _FlowWalk) -> List[tf.Variable]
         variable = sources[name].variable if name in sources else walk.substitutes[name].variable
         if variable not in seen:
             seen.append(variable)
-    return seen
-
-
-def _ancestors(op: tf.Operation) -> Set[tf.Operation]:
-    """The ops the loss is computed from (data and control), which T must not read."""
-    seen, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        stack.extend(t.op for t in current.inputs)
-        stack.extend(current.control_inputs)
     return seen

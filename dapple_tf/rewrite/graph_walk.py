@@ -1,4 +1,4 @@
-"""Walking a graph: whether an op depends on any of some ops; the ops some ops depend on (within a set, or in
+"""Walking a graph: whether an op depends on any of some ops; the ops some ops depend on (all, within a set, or in
 creation order); the ops reachable from some ops."""
 
 from typing import Collection, List, Sequence, Set
@@ -36,8 +36,16 @@ def ancestors_within(ops: Sequence[tf.Operation], within: Collection[tf.Operatio
     return found
 
 
-def descendants(starts: Sequence[tf.Operation], stop_types: Collection[str] = ()) -> Set[tf.Operation]:
-    """`starts` and every op reachable from them through data edges, not entering ops of `stop_types`."""
+def descendants(starts: Sequence[tf.Operation], stop_types: Collection[str] = (), control: bool = False
+                ) -> Set[tf.Operation]:
+    """`starts` and every op reachable from them through data edges (and control edges if `control`: a value read
+    after an assign under a control dependency, as a metric's update gives it, depends on what the assign wrote),
+    not entering ops of `stop_types`."""
+    control_outputs = {}
+    if control and starts:
+        for op in starts[0].graph.get_operations():
+            for c in op.control_inputs:
+                control_outputs.setdefault(c, []).append(op)
     seen, stack = set(), list(starts)
     while stack:
         op = stack.pop()
@@ -45,24 +53,20 @@ def descendants(starts: Sequence[tf.Operation], stop_types: Collection[str] = ()
             continue
         seen.add(op)
         stack.extend(c for out in op.outputs for c in out.consumers() if c.type not in stop_types)
+        stack.extend(c for c in control_outputs.get(op, ()) if c.type not in stop_types)
     return seen
 
 
-def descendants_with_control(starts: Sequence[tf.Operation], graph: tf.Graph) -> Set[tf.Operation]:
-    """`starts` and every op reachable from them through data or control edges (a value read after an assign
-    under a control dependency, as a metric's update gives it, depends on what the assign wrote)."""
-    control_outputs = {}
-    for op in graph.get_operations():
-        for c in op.control_inputs:
-            control_outputs.setdefault(c, []).append(op)
-    seen, stack = set(), list(starts)
+def ancestors(op: tf.Operation) -> Set[tf.Operation]:
+    """`op` and every op it depends on (data and control inputs)."""
+    seen, stack = set(), [op]
     while stack:
-        op = stack.pop()
-        if op in seen:
+        current = stack.pop()
+        if current in seen:
             continue
-        seen.add(op)
-        stack.extend(c for out in op.outputs for c in out.consumers())
-        stack.extend(control_outputs.get(op, ()))
+        seen.add(current)
+        stack.extend(t.op for t in current.inputs)
+        stack.extend(current.control_inputs)
     return seen
 
 

@@ -306,9 +306,12 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
     sparse_squares = builder.accumulator.squares_of_sparse()
-    if options.clip_global_norm is not None and options.cross_process_reduce is not None and sparse_squares:
+    squared = options.clip_global_norm is not None or bool(script and script.flow.substitutes)
+    if squared and options.cross_process_reduce is not None and sparse_squares:
+        what = "clip_global_norm" if options.clip_global_norm is not None else \
+            f"the script's clipping by norm (apply_gradients at {script.where})"
         raise DappleError(
-            f"clip_global_norm with gradients of gathered rows ({sorted(v.op.name for v in sparse_squares)}) is not "
+            f"{what} with gradients of gathered rows ({sorted(v.op.name for v in sparse_squares)}) is not "
             "supported across Horovod processes (tf.clip_by_global_norm counts every gathered row, which each "
             "process holds only its own of)")
     apply_pairs, norm = gradient_transforms.transform(

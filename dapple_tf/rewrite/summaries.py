@@ -48,7 +48,7 @@ class Summaries:
         self.template = template
         stage_of = {op: s for s, st in enumerate(template.stages) for op in st.ops}
         placeholders = {graph.get_tensor_by_name(name).op for name in template.inputs}
-        batch_dependent = graph_walk.descendants_with_control(list(placeholders), graph)
+        batch_dependent = graph_walk.descendants(list(placeholders), control=True)
         self.readers: List[_Reader] = []
         self.dropped: List[str] = []
         self.extras: Dict[str, outputs_lib.ExtraOutput] = {}
