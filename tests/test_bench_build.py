@@ -42,3 +42,12 @@ def test_step_ab_alternates_the_rewrites_in_one_process():
     assert float(steps[1][2]) == pytest.approx(float(steps[1][1]) / float(steps[0][1]), rel=1e-3)
     bad = run_program("bench.step_ab", "--rewrites=default", timeout=120)
     assert bad.returncode == 1 and "--rewrites takes functions and/or clones, got ['default']" in bad.stderr
+
+
+def test_trace_observer_prints_both_builds_side_by_side():
+    result = run_program("bench.trace_observer", "--model_flags=num_layers=2,hidden=16,heads=2,ffn=32",
+                         "--config=tiny", "--rounds=1", timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = re.findall(r"^(the forward|forward \+ minimize) +([\d.]+) +([\d.]+) +([\d.]+)x$", result.stdout, re.M)
+    assert [r[0] for r in rows] == ["the forward", "forward + minimize"]
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
