@@ -10,10 +10,13 @@ of every tensor that crosses a layer boundary. Then, for each layer i:
   gradient ops read fed with recorded values, so only gradient ops run (no forward recomputation).
   An input is differentiable only if a real training step computes its gradient: a float computed
   from a trainable variable (not the features, nor e.g. an attention mask computed from them).
-Each timing is `warmup` untimed runs, then the median of `runs` timed runs, minus the median time of
-a no-op run fed the same feed dict (the per-run dispatch and feeding cost, which a real training step
-does not pay per layer; clamped at 0), so that the sum of a profile's forward+backward times
-estimates one training step's compute (tests/test_profiler.py checks it is within 30%).
+Timing, in interleaved rounds (profiler/rounds.py): the model is opened at every requested batch size, and each
+round takes every measurement of every size once, in turn, so that the machine's slow and fast moments fall on
+all of them alike; a time is the median over the rounds, and each profile keeps its whole step per round and their
+relative spread. One measurement: `warmup` untimed runs, then `runs` timed runs alternating with runs of a no-op
+fed the same feed dict (the per-run dispatch and feeding cost, which a real training step does not pay per layer),
+the difference of their medians (clamped at 0), so that the sum of a profile's forward+backward times estimates
+one training step's compute (tests/test_profiler.py checks it is within 30%).
 Memory kept for backward (backward_kept_bytes): the bytes of the activations layer i's gradient ops
 read from the forward pass (its inputs and its own intermediates), from the recorded values, each
 tensor once: not in a later layer that reads it too (a layer's output, read by its own gradient and
@@ -37,9 +40,10 @@ j produced. Analysis of the graph: profiler/analysis.py.
 """
 
 import collections
+import contextlib
 import dataclasses
 import os
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -50,7 +54,8 @@ from dapple_tf.rewrite.outputs import split_model_result
 from planner.formats import layer_cost_pb2
 from profiler.analysis import analyze_layers, tensor_bytes
 from profiler.memory import backward_working_bytes, step_peak_bytes
-from profiler.timing import net_run_ms, overhead_probe
+from profiler import rounds as rounds_lib
+from profiler.timing import overhead_probe, round_ms
 
 
 def session_config(device: str, threads: int = 0) -> tf.compat.v1.ConfigProto:
@@ -108,14 +113,15 @@ def _variable_dependent_ops(graph):
 
 @dataclasses.dataclass(frozen=True)
 class _Timing:
-    """How each run is timed: `warmup` untimed runs, then the median of `runs` on `clock`, less the probe's."""
+    """How each measurement is taken in a round: `warmup` untimed runs, then the median of `runs` on `clock`,
+    less the probe's (profiler/timing.py round_ms)."""
 
     warmup: int
     runs: int
     clock: str
 
-    def ms(self, sess, target, probe, feed) -> float:
-        return net_run_ms(sess, target, probe, feed, self.warmup, self.runs, self.clock)
+    def measure(self, sess, target, probe, feed) -> Callable[[], float]:
+        return lambda: round_ms(sess, target, probe, feed, self.warmup, self.runs, self.clock)
 
 
 @dataclasses.dataclass
@@ -134,7 +140,7 @@ class _ModelGraph:
 
 @dataclasses.dataclass
 class _LayerRun:
-    """What profiling one layer shares with the others: the session, timing and every boundary value."""
+    """What measuring one layer shares with the others: the session, timing and every boundary value."""
 
     sess: tf.compat.v1.Session
     probe: object
@@ -149,14 +155,26 @@ class _LayerRun:
 
 
 def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch_size: int,
-                  device: str = "/device:CPU:0", warmup: int = 2, runs: int = 5, model_name: str = "model",
-                  progress: Optional[Callable] = None, seed: int = 0, clock: str = "wall",
-                  threads: int = 0, layers=None, step_memory: bool = False) -> layer_cost_pb2.LayerCostProfile:
-    """Measures `model_fn(features, labels) -> loss` layer by layer; returns a LayerCostProfile.
+                  device: str = "/device:CPU:0", **kwargs) -> layer_cost_pb2.LayerCostProfile:
+    """Measures `model_fn(features, labels) -> loss` layer by layer at one batch size; returns a LayerCostProfile.
 
-    `make_inputs()` makes the (features, labels) tensors (placeholders) of batch `batch_size`;
-    `input_values` are numpy values of the same structure. `progress(i, n, layer_cost)` is called
-    after each layer (i from 1).
+    `make_inputs()` makes the (features, labels) tensors (placeholders) of batch `batch_size`; `input_values` are
+    numpy values of the same structure; the keyword arguments are profile_models'."""
+    return profile_models(model_fn, {batch_size: (make_inputs, input_values)}, device, **kwargs)[batch_size]
+
+
+def profile_models(model_fn: Callable, inputs: Dict[int, Tuple[Callable, object]], device: str = "/device:CPU:0",
+                   warmup: int = 1, runs: int = 2, rounds: int = 5, model_name: str = "model",
+                   progress: Optional[Callable] = None, round_progress: Optional[Callable] = None, seed: int = 0,
+                   clock: str = "wall", threads: int = 0, layers=None,
+                   step_memory: bool = False) -> Dict[int, layer_cost_pb2.LayerCostProfile]:
+    """Profiles of `model_fn` at several batch sizes ({batch size: (make_inputs, input_values)}), measured side by
+    side: the model is built and opened at every size, then `rounds` rounds each time every layer's forward,
+    backward and input-gradient backward and the whole step at every size once (profiler/rounds.py); each time is
+    the median over the rounds, and each profile records its whole step per round and their relative spread.
+    A round's measurement: `warmup` untimed runs, then the median of `runs` timed runs less that of as many no-op
+    runs under the same feeds. `progress(i, n, layer_cost)` is called per layer at the end (i from 1; several
+    sizes: the first size's layers), `round_progress(r, rounds, {size: step ms})` after each round.
     `clock`: "wall" (elapsed time, the default) or "cpu" (process CPU time, for shared machines);
     `threads`: TF thread-pool sizes (0: default). `layers`: None (dapple_tf.layer markers) or
     dapple_tf.layers_by_scope(...), as given to build_pipeline. model_fn may also return (loss, {name: tensor}).
@@ -164,31 +182,71 @@ def profile_model(model_fn: Callable, make_inputs: Callable, input_values, batch
     layer's backward_working_bytes (profiler/memory.py). Raises LayerMarkerError (a ValueError) for
     a model that breaks the marker contract and ValueError for an unavailable device.
     """
+    timing = _Timing(warmup, runs, clock)
+    with contextlib.ExitStack() as stack:
+        opened = {size: _open_size(stack, model_fn, make, values, size, device, timing, model_name, seed, threads,
+                                   layers, step_memory, rounds)
+                  for size, (make, values) in sorted(inputs.items())}
+        measures = {(size, key): measure for size, o in opened.items() for key, measure in o.measures.items()}
+
+        def after_round(r, samples):
+            if round_progress:
+                round_progress(r, rounds, {size: samples[(size, "step")][-1] for size in opened})
+
+        samples = rounds_lib.measure_in_rounds(measures, rounds, after_round)
+    for i, (size, o) in enumerate(opened.items()):
+        _fill_times(o.profile, {key: samples[(size, key)] for key in o.measures})
+        if progress and i == 0:
+            for layer in o.profile.layers:
+                progress(layer.index + 1, len(o.profile.layers), layer)
+    return {size: o.profile for size, o in opened.items()}
+
+
+@dataclasses.dataclass
+class _Opened:
+    profile: layer_cost_pb2.LayerCostProfile  # every field but the times
+    measures: Dict[object, Callable[[], float]]  # (layer index, kind) or "step" -> one round's measurement
+
+
+def _open_size(stack, model_fn, make_inputs, input_values, batch_size, device, timing, model_name, seed, threads,
+               layers, step_memory, rounds) -> _Opened:
+    """The model built and opened at `batch_size`: its profile's sizes, memory and DAG, and what to time."""
     model = _build_model_graph(model_fn, make_inputs, device, seed, layers)
     base_feed = dict(zip(model.input_tensors, tf.nest.flatten(input_values)))
-    timing = _Timing(warmup, runs, clock)
-    profile = layer_cost_pb2.LayerCostProfile(model_name=model_name, batch_size=batch_size,
-                                              source=f"dapple_tf profiler, {warmup} warm-up + median of {runs} runs")
-    with tf.compat.v1.Session(graph=model.graph, config=session_config(device, threads)) as sess:
-        attrs = _check_device(sess, device)
-        profile.device.CopyFrom(_device_description(attrs, device))
-        sess.run(model.init)
-        probe = overhead_probe(model.graph, device)
-        boundary = {t.name: t for info in model.infos for t in info.inputs + info.outputs}
-        names = sorted(boundary)
-        values = dict(zip(names, sess.run([boundary[n] for n in names], feed_dict=base_feed)))
-        run = _LayerRun(sess, probe, timing, values, {t.name for t in model.input_tensors}, model.weight_only,
-                        np.random.default_rng(seed), device, step_memory)
-        for info, bwd in zip(model.infos, model.backward):
-            layer = _profile_layer(profile, run, info, bwd, model.infos)
-            if progress:
-                progress(info.index + 1, len(model.infos), layer)
-        sess.run(model.step_target.initializer)
-        profile.step_ms = timing.ms(sess, model.step_target.ops, probe, base_feed)
-        if step_memory:
-            profile.step_peak_bytes = step_peak_bytes(sess, model.step_grads, base_feed, device,
-                                                      sum(layer.parameter_bytes for layer in profile.layers))
-    return profile
+    profile = layer_cost_pb2.LayerCostProfile(
+        model_name=model_name, batch_size=batch_size, timing_rounds=rounds,
+        source=f"dapple_tf profiler, {rounds} interleaved rounds of {timing.warmup} warm-up + median of "
+               f"{timing.runs} runs")
+    sess = stack.enter_context(tf.compat.v1.Session(graph=model.graph, config=session_config(device, threads)))
+    attrs = _check_device(sess, device)
+    profile.device.CopyFrom(_device_description(attrs, device))
+    sess.run(model.init)
+    probe = overhead_probe(model.graph, device)
+    boundary = {t.name: t for info in model.infos for t in info.inputs + info.outputs}
+    names = sorted(boundary)
+    values = dict(zip(names, sess.run([boundary[n] for n in names], feed_dict=base_feed)))
+    run = _LayerRun(sess, probe, timing, values, {t.name for t in model.input_tensors}, model.weight_only,
+                    np.random.default_rng(seed), device, step_memory)
+    measures = {}
+    for info, bwd in zip(model.infos, model.backward):
+        measures.update(_open_layer(profile, run, info, bwd, model.infos))
+    sess.run(model.step_target.initializer)
+    measures["step"] = timing.measure(sess, model.step_target.ops, probe, base_feed)
+    if step_memory:
+        profile.step_peak_bytes = step_peak_bytes(sess, model.step_grads, base_feed, device,
+                                                  sum(layer.parameter_bytes for layer in profile.layers))
+    return _Opened(profile, measures)
+
+
+def _fill_times(profile: layer_cost_pb2.LayerCostProfile, samples) -> None:
+    """Each time the median of its rounds; the whole step's rounds and their spread recorded."""
+    for layer in profile.layers:
+        for kind in ("forward", "backward", "backward_input"):
+            if (layer.index, kind) in samples:
+                setattr(layer, f"{kind}_ms", rounds_lib.median_and_spread(samples[(layer.index, kind)])[0])
+        layer.backward_input_ms = min(layer.backward_input_ms, layer.backward_ms)
+    profile.step_ms, profile.relative_spread = rounds_lib.median_and_spread(samples["step"])
+    profile.step_ms_rounds.extend(samples["step"])
 
 
 def _build_model_graph(model_fn, make_inputs, device, seed, layers) -> _ModelGraph:
@@ -220,16 +278,20 @@ def _build_model_graph(model_fn, make_inputs, device, seed, layers) -> _ModelGra
     return _ModelGraph(graph, input_tensors, infos, backward, weight_only, [g for g, _ in pairs], step_target, init)
 
 
-def _profile_layer(profile, run: _LayerRun, info, bwd, infos):
-    """Times layer `info`'s forward and backward, measures its memory, and adds its LayerCost to `profile`."""
+def _open_layer(profile, run: _LayerRun, info, bwd, infos) -> Dict[object, Callable[[], float]]:
+    """Adds layer `info`'s LayerCost (sizes, memory, DAG) to `profile`; returns what to time of it."""
     values, model_inputs = run.values, run.model_inputs
     feed = {t: values[t.name] for t in info.inputs}
+    measures = {}
     fwd_target = sorted({t.op for t in info.outputs}, key=lambda op: op.name)  # run, not fetched
-    fwd_ms = run.timing.ms(run.sess, fwd_target, run.probe, feed) if fwd_target else 0.0
-    bwd_ms, bwd_input_ms, kept, working = _profile_backward(run, bwd, feed) if bwd is not None else (0.0,) * 4
+    if fwd_target:
+        measures[(info.index, "forward")] = run.timing.measure(run.sess, fwd_target, run.probe, feed)
+    kept = working = 0.0
+    if bwd is not None:
+        kept, working, backward = _open_backward(run, bwd, feed)
+        measures.update({(info.index, kind): m for kind, m in backward.items()})
     layer = profile.layers.add(
-        name=info.name, index=info.index, description=_describe(info),
-        forward_ms=fwd_ms, backward_ms=bwd_ms, backward_input_ms=bwd_input_ms, backward_kept_bytes=kept,
+        name=info.name, index=info.index, description=_describe(info), backward_kept_bytes=kept,
         backward_working_bytes=working,
         input_bytes=float(sum(values[t.name].nbytes for t in info.inputs if t.name in model_inputs)),
         activation_bytes=float(sum(values[t.name].nbytes for t in info.outputs)),
@@ -237,11 +299,11 @@ def _profile_layer(profile, run: _LayerRun, info, bwd, infos):
         inputs=[infos[j].name for j in info.input_layers])
     if len(info.outputs) > 1:
         layer.output_activation_bytes.extend(float(values[t.name].nbytes) for t in info.outputs)
-    return layer
+    return measures
 
 
-def _profile_backward(run: _LayerRun, bwd: "_Backward", feed):
-    """(backward ms, input-gradient ms, kept bytes, working bytes) of one layer's backward."""
+def _open_backward(run: _LayerRun, bwd: "_Backward", feed):
+    """(kept bytes, working bytes, {"backward": measure, "backward_input": measure}) of one layer's backward."""
     values = run.values
     forward_values = run.sess.run(bwd.fed_forward, feed_dict=feed) if bwd.fed_forward else []
     # Kept for backward: the activations this layer's gradient ops read, each counted once.
@@ -254,14 +316,14 @@ def _profile_backward(run: _LayerRun, bwd: "_Backward", feed):
     bwd_feed.update(feed)
     for ph, out in bwd.grad_ys:
         bwd_feed[ph] = (run.rng.standard_normal(values[out.name].shape) * 1e-3).astype(ph.dtype.as_numpy_dtype)
-    bwd_ms = run.timing.ms(run.sess, bwd.target, run.probe, bwd_feed)
-    bwd_input_ms = working = 0.0
+    measures = {"backward": run.timing.measure(run.sess, bwd.target, run.probe, bwd_feed)}
     if bwd.input_target:
-        bwd_input_ms = min(run.timing.ms(run.sess, bwd.input_target, run.probe, bwd_feed), bwd_ms)
+        measures["backward_input"] = run.timing.measure(run.sess, bwd.input_target, run.probe, bwd_feed)
+    working = 0.0
     if run.step_memory:
         working = max(backward_working_bytes(run.sess, bwd.target, run.probe, bwd_feed, run.device)
                       - bwd.weight_grad_bytes, 0.0)
-    return bwd_ms, bwd_input_ms, kept, working
+    return kept, working, measures
 
 
 class _AccumulatedStep:

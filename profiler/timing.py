@@ -44,6 +44,23 @@ def overhead_probe(graph, device):
         return tf.no_op(name="profiler_overhead_probe")
 
 
+def round_ms(sess, fetches, probe, feed_dict=None, warmup=1, runs=2, clock="wall"):
+    """One round's net milliseconds of `fetches`: `warmup` untimed runs, then `runs` timed runs of `fetches`
+    alternating with runs of the no-op `probe` under the same feeds; the median of the first less the fastest of
+    the second (the per-run cost's floor: noise only adds to it), >= 0. Profiles are measured in rounds of these
+    (profiler/rounds.py)."""
+    timer = CLOCKS[clock]
+    for _ in range(warmup):
+        sess.run(fetches, feed_dict=feed_dict)
+    target, overhead = [], []
+    for _ in range(max(1, runs)):
+        for samples, what in ((target, fetches), (overhead, probe)):
+            start = timer()
+            sess.run(what, feed_dict=feed_dict)
+            samples.append((timer() - start) * 1e3)
+    return max(statistics.median(target) - min(overhead), 0.0)
+
+
 def net_run_ms(sess, fetches, probe, feed_dict=None, warmup=2, runs=5, clock="wall"):
     """median_run_ms of `fetches` minus that of the no-op `probe` run with the same feeds (>= 0).
 

@@ -60,8 +60,15 @@ def test_bench_writes_rows_traces_and_leaves_nothing_running(tmp_path):
     assert rows["single"]["simulated_speedup"] == pytest.approx(1.0)
     assert rows["dp2"]["speedup_after_compute"] <= 2.0 / rows["dp2"]["slice_slowdown"] + 1e-9
     assert "Where the speedup goes" in result.stdout and "  dp2  " in result.stdout
-    assert re.search(r"profile at batch 32 measured again after the others: whole step [\d.]+ -> [\d.]+ ms "
-                     r"\([\d.]+x;", result.stdout), result.stdout[:3000]
+    assert re.search(r"^  straight2-M4 +step [\d.]+/[\d.]+ ms \([+-][\d.]+\); compute [\d.]+/[\d.]+, transfers "
+                     r"[\d.]+/[\d.]+, allreduce [\d.]+/[\d.]+, bubble [\d.]+/[\d.]+ ms measured/simulated; most off: "
+                     r"(compute|transfers|allreduce|bubble)", result.stdout, re.M), result.stdout[-3000:]
+    assert rows["straight2-M4"]["most_off"] in ("compute", "transfers", "allreduce", "bubble")
+    assert set(rows["dp2"]["terms_measured"]) == {"compute", "transfers", "allreduce", "bubble"}
+    assert re.search(r"^  batch 32: whole step [\d.]+ ms, spread [\d.]+% over 5 rounds$", result.stdout, re.M)
+    for size in (8, 16):  # the slices, measured in the same rounds as the whole batch
+        assert re.search(rf"^  batch {size}: whole step [\d.]+ ms, spread [\d.]+% over 5 rounds; per sample "
+                         r"[\d.]+x the whole batch's \(rounds [\d.]+-[\d.]+\)$", result.stdout, re.M), result.stdout[:3000]
     assert rows["dp2"]["ideal_speedup"] == 2.0
     assert rows["straight2-M4"]["ideal_speedup"] == pytest.approx(2 * 4 / 5)
     assert rows["single"]["peak_bytes"][1] == 0  # worker 1 runs nothing of the single-worker plan

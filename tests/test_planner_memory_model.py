@@ -139,7 +139,7 @@ def test_recompute_is_chosen_when_nothing_fits_without_it():
 
 
 def test_a_model_that_fits_keeps_recompute_off_and_reports_show_the_choice():
-    from planner.planning.report import _shape, comparison_table, summarize
+    from planner.planning.report import shape, comparison_table, summarize
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -147,14 +147,14 @@ def test_a_model_that_fits_keeps_recompute_off_and_reports_show_the_choice():
                     profile_memory="11.4GB")
         tight = plan(load_profile(BERT), make_cluster("t", 16, 1, 4 * 2**30, 3.125e9, 3.125e9), 64,
                      profile_memory="11.4GB")
-    assert not any(s.recompute for s in fits.stages) and "+RC" not in _shape(fits)
-    assert _shape(tight) == "8:2:2:2:2 +RC"
+    assert not any(s.recompute for s in fits.stages) and "+RC" not in shape(fits)
+    assert shape(tight) == "8:2:2:2:2 +RC"
     assert "8:2:2:2:2 +RC" in comparison_table({"dapple": tight})
     assert summarize(tight).count("re-computes its forward in backward") == 5
     partial = plan_pb2.Plan()
     partial.stages.add(device_ids=[0])
     partial.stages.add(device_ids=[1], recompute=True)
-    assert _shape(partial) == "straight (2 stages) +RC[1]"
+    assert shape(partial) == "straight (2 stages) +RC[1]"
 
 
 def _cheap_wide_profile(kept_bytes):

@@ -91,7 +91,7 @@ def test_layer_times_add_up_to_a_training_step(name, batch, flags):
     values = spec.synthetic_batch(batch)
     ratios = []
     for _ in range(3):
-        profile = profiler.profile_spec(spec, batch, warmup=2, runs=7, clock="cpu", threads=1)
+        profile = profiler.profile_spec(spec, batch, warmup=2, runs=4, rounds=3, clock="cpu", threads=1)
         total = sum(layer.forward_ms + layer.backward_ms for layer in profile.layers)
         step = _train_step_ms(spec, batch, values, "cpu", 1)
         # the layers' sum, and the whole step (forward, backward, accumulation) the profiler measures too

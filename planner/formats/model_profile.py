@@ -60,6 +60,9 @@ class ModelProfile:
     # per sample: the part of backward_ms the input gradients need (LayerCost.backward_input_ms); empty when
     # the profile does not split the backward (then the whole backward precedes the input gradients)
     backward_input_ms: List[float] = dataclasses.field(default_factory=list)
+    # how far the profile's whole step moved over its measurement rounds, relative (LayerCostProfile.relative_spread;
+    # 0: unknown): plans whose simulated times differ by less are ties (planner/planning/ties.py)
+    relative_spread: float = 0.0
 
     def __post_init__(self):
         if not self.is_input:
@@ -125,4 +128,5 @@ class ModelProfile:
             memory_source=source,
             backward_input_ms=([0.0 if inp else layer.backward_input_ms * scale for layer, inp in zip(layers, is_input)]
                                if any(layer.backward_input_ms > 0 for layer in layers) else []),
+            relative_spread=profile.relative_spread,
         )

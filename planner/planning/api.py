@@ -24,7 +24,7 @@ from __future__ import annotations
 import warnings
 from typing import Dict, List, Optional, Sequence
 
-from planner.planning import baselines
+from planner.planning import baselines, ties as ties_lib
 from planner.planning import cost_model as cm
 from planner.planning.dapple_planner import (LARGE_CLUSTER_DEVICES, LARGE_PREPASS_CUTS, SearchInput, SearchSpace, TopK,
                                             candidate_cuts, search)
@@ -196,10 +196,12 @@ def memory_error(model, prefix, cluster, options, sizes, global_batch_size) -> s
 def choose_by_simulation(candidates: Sequence[Estimate], model, cluster, global_batch_size: int,
                          link_contention: bool = False, schedules: Sequence[str] = ("dapple",)):
     """(the candidate with the lowest simulated iteration time, {id(candidate): simulated ms}); each candidate
-    runs the fastest of `schedules` that fits (planner/planning/schedule_choice.py)."""
-    sims = {}
+    runs the fastest of `schedules` that fits (planner/planning/schedule_choice.py). The candidates simulated
+    within the profile's spread of it are recorded on it as ties (planner/planning/ties.py)."""
+    sims, described = {}, {}
     for est in candidates:
         proto = to_plan(est, model, cluster, global_batch_size, "dapple")
+        described[id(est)] = ties_lib.describe(proto)
         if len(schedules) > 1:
             weigh_schedules(proto, model, schedules, link_contention=link_contention)
             fitting = [e.simulated_iteration_ms for e in proto.schedule_estimates if e.fits]
@@ -207,6 +209,13 @@ def choose_by_simulation(candidates: Sequence[Estimate], model, cluster, global_
         else:
             sims[id(est)] = simulate_plan(proto, model, link_contention=link_contention).iteration_ms
     chosen = min(candidates, key=lambda e: (sims[id(e)], e.latency))
+    chosen.profile_spread = model.relative_spread
+    others = {}
+    for est in candidates:  # a plan found twice (by two searches) is one plan
+        d = described[id(est)]
+        if d != described[id(chosen)]:
+            others[d] = min(sims[id(est)], others.get(d, sims[id(est)]))
+    chosen.ties = tuple(ties_lib.tied(sims[id(chosen)], others.items(), model.relative_spread))
     return chosen, sims
 
 
@@ -351,7 +360,7 @@ def plan_from_profiles(profiles, cluster, global_batch_size: int, **options) -> 
     devices = cluster.num_servers * cluster.devices_per_server
     opts = _options(options)
     options.pop("select", None)  # the planners search by L; the plans they find are then ranked by `opts.select`
-    best, best_key, errors = None, (float("inf"),), []
+    best, best_key, errors, ranked = None, (float("inf"),), [], []
     for mbs in sizes:
         tried = {nearest_profile_size(profiles, -(-mbs // r)) for r in range(1, min(devices, mbs) + 1)}
         for size in sorted(tried):
@@ -371,10 +380,20 @@ def plan_from_profiles(profiles, cluster, global_batch_size: int, **options) -> 
                 key = (recosted.latency,)
                 if opts.select == "simulation":
                     key = (simulate_plan(proto, model, link_contention=opts.link_contention).iteration_ms,) + key
+                    ranked.append((ties_lib.describe(proto), key[0]))
                 if key < best_key:
                     best, best_key = proto, key
     if best is None:
         raise PlanningError("no plan at any micro-batch size: " + "; ".join(errors))
+    if opts.select == "simulation":
+        spread = max(getattr(p, "relative_spread", 0.0) for p in profiles.values())
+        best.simulated_iteration_ms = best_key[0]
+        fastest = {}
+        for description, ms in ranked:  # one plan found under several profiles: its fastest costing
+            fastest[description] = min(ms, fastest.get(description, ms))
+        mine = ties_lib.describe(best)
+        ties_lib.record(best, spread, ties_lib.tied(best_key[0], [(d, ms) for d, ms in fastest.items() if d != mine],
+                                                    spread))
     return best
 
 

@@ -11,6 +11,7 @@ from typing import List, Optional, Sequence, Tuple
 from planner.planning import cost_model as cm
 from planner.formats.cluster import num_devices
 from planner.formats import plan_pb2
+from planner.planning import ties
 
 POLICY_ENUM = {"A": plan_pb2.POLICY_A, "B": plan_pb2.POLICY_B}
 
@@ -66,6 +67,9 @@ class Estimate:
     violation: Optional[str]         # why the plan does not fit in memory, or None
     schedule: str = "dapple"
     recompute: bool = False          # every stage recomputes its forward in its backward
+    # ranked by simulation: the profile's spread and the plans simulated within it ((description, ms); ties.py)
+    profile_spread: float = 0.0
+    ties: Tuple[Tuple[str, float], ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -172,6 +176,8 @@ def to_plan(est: Estimate, model, cluster, global_batch_size: int, planner: str,
         plan.speedup_over_single_device = single_device_ms / est.latency
     if dp_ms > 0:
         plan.speedup_over_data_parallel = dp_ms / est.latency
+    if est.ties or est.profile_spread:
+        ties.record(plan, est.profile_spread, est.ties)
     return plan
 
 

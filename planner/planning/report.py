@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Dict
 
-from planner.planning import schedule_choice
+from planner.planning import schedule_choice, ties
 from planner.formats import plan_pb2
 
 GIB = float(1 << 30)
 
 
-def _shape(plan: plan_pb2.Plan) -> str:
+def shape(plan: plan_pb2.Plan) -> str:
     """"8:8", "DP", "straight (4 stages)", "2 device groups x 2 stages (8:8)" (interleaved); "+RC" when every
     stage re-computes, "+RC[0,2]" when some do."""
     reps = [len(s.device_ids) for s in plan.stages]
@@ -35,7 +35,7 @@ def summarize(plan: plan_pb2.Plan) -> str:
     lines = [
         f"{plan.planner} plan for {plan.model_name} on {plan.cluster.name} "
         f"({plan.cluster.num_servers}x{plan.cluster.devices_per_server} devices), global batch {plan.global_batch_size}",
-        f"  shape: {_shape(plan)}; M = {plan.num_micro_batches} micro-batches of {plan.micro_batch_size}; "
+        f"  shape: {shape(plan)}; M = {plan.num_micro_batches} micro-batches of {plan.micro_batch_size}; "
         f"schedule {plan_pb2.Schedule.Name(plan.schedule)}, policy {plan_pb2.WarmupPolicy.Name(plan.policy)}",
     ]
     for i, s in enumerate(plan.stages):
@@ -64,6 +64,8 @@ def summarize(plan: plan_pb2.Plan) -> str:
         diff = simulated / plan.estimated_iteration_ms - 1
         lines.append(f"  analytic {plan.estimated_iteration_ms:.2f} ms vs simulated {simulated:.2f} ms "
                      f"({diff:+.1%}; planner/simulation/simulator.py: pivot waits, optimizer step)")
+    if ties.text(plan):
+        lines.append(ties.text(plan))
     return "\n".join(lines)
 
 
@@ -77,7 +79,7 @@ def comparison_table(plans: Dict[str, object]) -> str:
             rows.append(f"{name:<11} no plan: {plan}")
             continue
         rows.append(
-            f"{name:<11} {_shape(plan):<22} {plan.num_micro_batches:>4} {plan.estimated_iteration_ms:>10.2f} "
+            f"{name:<11} {shape(plan):<22} {plan.num_micro_batches:>4} {plan.estimated_iteration_ms:>10.2f} "
             f"{plan.warmup_ms:>9.2f} {plan.steady_ms:>9.2f} {plan.ending_ms:>9.2f} "
             f"{plan.speedup_over_single_device:>7.2f} {plan.speedup_over_data_parallel:>6.2f} "
             f"{plan.simulated_iteration_ms:>10.2f}")

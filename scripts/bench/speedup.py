@@ -7,8 +7,9 @@ It starts N worker processes through dapple_launch's local cluster (each pinned 
 `--cores_per_worker` cores, thread pools sized for them, one device each) and runs itself as the
 chief. The chief
 1. profiles the model on one pinned core set (dapple_profile in a pinned process, at every
-   micro-batch slice size the plans use: compute per sample is not the same at every size), then the
-   whole batch once more, and prints how far its step moved meanwhile (the machine's drift),
+   micro-batch slice size the plans use, side by side: each of --profile_rounds rounds measures every layer of
+   every size once, so the machine's slow moments fall on all sizes alike), and prints each size's spread over
+   the rounds and its per-sample cost over the whole batch's, round by round,
 2. measures the link between two workers and the runtime's AllReduce across all of them
    (dapple_tf.cluster.link_probe: latency and bandwidth through gRPC) and describes the cluster to the
    planner with them,
@@ -75,8 +76,8 @@ flags.DEFINE_string("json", None, "Write the rows to this JSON file.")
 flags.DEFINE_string("trace_dir", None, "Write each plan's measured timeline (Chrome trace) and measured-vs-"
                     "simulated PNG here.")
 flags.DEFINE_string("profile_dir", None, "Keep the profiles here (default: a temporary folder, removed at the end).")
-flags.DEFINE_boolean("profile_drift", True, "Profile the whole batch once more after the other sizes and print how far "
-                     "its step moved (the machine's drift the simulated figures carry).")
+flags.DEFINE_integer("profile_rounds", 5, "Interleaved rounds of the profiles (dapple_profile --rounds): every size "
+                     "measured in each.", lower_bound=1)
 flags.DEFINE_boolean("as_chief", False, "Internal: run as the chief under dapple_launch.")
 
 DEFAULTS = {  # model -> (config, model_flags, global batch)
@@ -133,7 +134,7 @@ def _run_chief(n: int, plans, rows_path: str) -> int:
               f"--micro_batches={','.join(FLAGS.micro_batches)}", f"--optimizer={FLAGS.optimizer}",
               f"--steps={FLAGS.steps}", f"--rounds={FLAGS.rounds}", f"--gpipe={FLAGS.gpipe}", f"--zero_bubble={FLAGS.zero_bubble}",
               f"--interleaved={FLAGS.interleaved}", f"--batched_w={FLAGS.batched_w}",
-              f"--profile_drift={FLAGS.profile_drift}",
+              f"--profile_rounds={FLAGS.profile_rounds}",
               f"--stage_functions={FLAGS.stage_functions}", "--as_chief", f"--json={rows_path}"]
     if FLAGS.allreduce_bucket_mb is not None:
         passed.append(f"--allreduce_bucket_mb={FLAGS.allreduce_bucket_mb}")

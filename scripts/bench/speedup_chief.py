@@ -28,53 +28,56 @@ def profile_sizes(global_batch_size: int, micro_batches, num_workers: int, names
     return sorted(sizes)
 
 
-def _profile(flags_, model_args, cores, size: int, path: str) -> None:
-    """dapple_profile at batch `size` into `path`, in a process pinned to `cores`."""
+def _profile(flags_, model_args, cores, sizes, pattern: str) -> None:
+    """dapple_profile at every size side by side (interleaved rounds) into `pattern` ({batch_size} in it), in a
+    process pinned to `cores`."""
     config, model_flags, _ = model_args
     command = harness.module_command(
         "scripts.dapple_profile", f"--model={flags_.model}", f"--config={config}",
-        f"--model_flags={model_flags}", f"--batch_size={size}", f"--threads={len(cores)}", f"--output={path}")
+        f"--model_flags={model_flags}", f"--batch_sizes={','.join(str(b) for b in sizes)}",
+        f"--rounds={flags_.profile_rounds}", f"--threads={len(cores)}", f"--output={pattern}")
     done = subprocess.run(command, capture_output=True, text=True,
                           preexec_fn=lambda: os.sched_setaffinity(0, set(cores)))
     if done.returncode:
-        raise RuntimeError(f"profiling at batch {size} failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"profiling at batch {sizes} failed:\n{done.stderr[-2000:]}")
 
 
 def measure_profiles(flags_, model_args, cores, sizes, folder) -> Dict[int, str]:
-    """Profiles the model at each size in a process pinned to `cores` (a worker's cores, idle meanwhile), then (with
-    --profile_drift) the largest size once more and prints how far its whole step moved (the machine's drift)."""
+    """Profiles the model at every size side by side, in --profile_rounds interleaved rounds, in a process pinned to
+    `cores` (a worker's cores, idle meanwhile); prints each size's whole step and spread, and the per-sample cost
+    of each slice size over the whole batch's, round by round (profiles_text)."""
     config, model_flags, _ = model_args
-    # a kept profile is reused only for the same model, config, flags and cores
-    key = zlib.crc32(f"{flags_.model}|{config}|{model_flags}|{len(cores)}".encode()) & 0xFFFFFFFF
-    paths = {}
-    for size in sizes:
-        path = os.path.join(folder, f"{flags_.model}-{key:08x}-bs{size}.pbtxt")
-        if not os.path.exists(path):
-            _profile(flags_, model_args, cores, size, path)
-        paths[size] = path
-        kept = "" if flags_.profile_dir else " (removed at the end; --profile_dir keeps it)"
-        print(f"profile at batch {size}: {path}{kept}", flush=True)
-    if not flags_.profile_drift:
-        return paths
-    largest = max(sizes)
-    recheck = os.path.join(tempfile.mkdtemp(prefix="bench_speedup_recheck_"), "recheck.pbtxt")
-    try:
-        _profile(flags_, model_args, cores, largest, recheck)
-        print(drift_text(largest, paths[largest], recheck), flush=True)
-    finally:
-        shutil.rmtree(os.path.dirname(recheck), ignore_errors=True)
+    # kept profiles are reused only for the same model, config, flags, cores, rounds and sizes
+    key = zlib.crc32(f"{flags_.model}|{config}|{model_flags}|{len(cores)}|{flags_.profile_rounds}|"
+                     f"{','.join(map(str, sizes))}".encode()) & 0xFFFFFFFF
+    pattern = os.path.join(folder, f"{flags_.model}-{key:08x}-bs{{batch_size}}.pbtxt")
+    paths = {size: pattern.replace("{batch_size}", str(size)) for size in sizes}
+    if not all(os.path.exists(p) for p in paths.values()):
+        _profile(flags_, model_args, cores, sizes, pattern)
+    kept = "" if flags_.profile_dir else " (removed at the end; --profile_dir keeps them)"
+    print(f"profiles at batch {', '.join(map(str, sizes))}: {pattern}{kept}", flush=True)
+    print(profiles_text(paths), flush=True)
     return paths
 
 
-def drift_text(size: int, first: str, again: str) -> str:
-    """How far the whole step at `size` moved between two profiles (their LayerCostProfile.step_ms)."""
+def profiles_text(paths: Dict[int, str]) -> str:
+    """Each profile's whole step and spread over its rounds, and each slice size's per-sample cost over the whole
+    batch's: the median of the rounds' ratios (each round measured both) and their range."""
     from planner.formats.profile import load_profile
 
-    before, after = load_profile(first).step_ms, load_profile(again).step_ms
-    if before <= 0 or after <= 0:
-        return f"profile at batch {size} measured again: no whole-step time to compare"
-    return (f"profile at batch {size} measured again after the others: whole step {before:.1f} -> {after:.1f} ms "
-            f"({after / before:.2f}x; the slices factors and simulated times below carry this machine's drift)")
+    profiles = {size: load_profile(path) for size, path in paths.items()}
+    batch = max(profiles)
+    whole = profiles[batch]
+    lines = []
+    for size, p in sorted(profiles.items()):
+        line = (f"  batch {size}: whole step {p.step_ms:.1f} ms, spread {p.relative_spread:.1%} over "
+                f"{p.timing_rounds} rounds")
+        ratios = [(s / size) / (w / batch) for s, w in zip(p.step_ms_rounds, whole.step_ms_rounds) if s > 0 and w > 0]
+        if size != batch and ratios:  # rounds whose net step was 0 (a model smaller than a run's overhead) left out
+            line += (f"; per sample {statistics.median(ratios):.2f}x the whole batch's "
+                     f"(rounds {min(ratios):.2f}-{max(ratios):.2f})")
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def profile_for(plan: speedup_plans.BenchPlan, profiles: Dict[int, str]) -> str:
@@ -289,6 +292,10 @@ def _run(flags_, model_args, folder) -> int:
                                       gpipe=flags_.gpipe, zero_bubble=flags_.zero_bubble,
                                       interleaved=flags_.interleaved, batched_w=flags_.batched_w)
     plans.append(speedup_plans.planner_plan(profiles, pcluster, batch))
+    from planner.planning import ties  # pylint: disable=import-outside-toplevel
+
+    if ties.text(plans[-1].proto):
+        print(f"planner: {ties.text(plans[-1].proto).strip()}", flush=True)
     single_sim = speedup_plans.simulate(plans[0], base_profile).iteration_ms
     plans = selected(plans, flags_.plans)
     print(f"{flags_.model} ({model_flags}), global batch {batch}, {n} workers x {flags_.cores_per_worker} core(s), "
@@ -300,7 +307,7 @@ def _run(flags_, model_args, folder) -> int:
         traced[plan.name] = traced_step(opened[-1], cluster.target, session)
         print(f"  built and traced {plan.name} ({i + 1} of {len(plans)})", flush=True)
     rounds = time_in_rounds(opened, cluster.target, session, flags_.rounds, flags_.steps)
-    rows, single_ms, budgets = [], None, []
+    rows, single_ms, budgets, term_lines = [], None, [], []
     for o in opened:
         plan, handle = o.plan, o.handle
         peaks, metadata = traced[plan.name]
@@ -320,6 +327,7 @@ def _run(flags_, model_args, folder) -> int:
         row["round_speedups"] = ([a / b for a, b in zip(rounds["single"], rounds[plan.name])]
                                  if "single" in rounds else [])
         budgets.append((plan.name, budget, row["speedup"], row["round_speedups"]))
+        term_lines.append((plan.name, _terms(row, metadata, handle, simulated)))
         if not rows:
             print(HEADER, flush=True)
         rows.append(row)
@@ -330,9 +338,28 @@ def _run(flags_, model_args, folder) -> int:
     width = max(len(b[0]) for b in budgets)
     for name, budget, measured, per_round in budgets:
         print(f"  {name:{width}s}  {budget.text(measured, per_round)}", flush=True)
+    print("Where the traced step differs from the simulated one (planner/simulation/terms.py; means per lane):",
+          flush=True)
+    for name, text in term_lines:
+        print(f"  {name:{width}s}  {text}", flush=True)
     harness.write_rows(flags_.json, rows)
     del tf
     return 0
+
+
+def _terms(row, metadata, handle, simulated) -> str:
+    """The traced step and the simulated one split into compute, transfers, AllReduce and bubble (added to `row`)."""
+    from dapple_tf.trace import timeline
+    from planner.simulation import terms
+
+    try:
+        measured = terms.step_terms(timeline.measured_timeline(metadata, handle))
+    except ValueError as e:
+        return f"no traced timeline ({e})"
+    predicted = terms.step_terms(simulated)
+    row.update(terms_measured=measured.as_dict(), terms_simulated=predicted.as_dict(),
+               most_off=terms.disagreement(measured, predicted)[0])
+    return terms.disagreement_text(measured, predicted)
 
 
 def write_timelines(folder, plan, metadata, handle, simulated) -> None:

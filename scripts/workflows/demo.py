@@ -75,7 +75,7 @@ def profile_step(spec, s: DemoSettings):
     import profiler
 
     profile_batch = max(1, s.global_batch_size // max(1, s.num_micro_batches))
-    profile = profiler.profile_spec(spec, profile_batch, "/device:CPU:0", warmup=2, runs=5, model_name="mlp-digits")
+    profile = profiler.profile_spec(spec, profile_batch, "/device:CPU:0", model_name="mlp-digits")
     print(f"\n== profile (batch {profile_batch}, /device:CPU:0) ==")
     for layer in profile.layers:
         print(f"  {layer.name:8s} forward {layer.forward_ms:.3f} ms  backward {layer.backward_ms:.3f} ms  "
@@ -163,7 +163,7 @@ def speedup_section() -> None:
         return
     print("\n== speedup: 2 pinned worker processes (1 core each) vs one, measured and simulated ==", flush=True)
     command = [sys.executable, "-m", "scripts.bench.speedup", "--num_workers=2", "--micro_batches=4",
-               "--plans=single,straight2-M4", "--gpipe=false", "--steps=5", "--profile_drift=false"]
+               "--plans=single,straight2-M4", "--gpipe=false", "--steps=5", "--profile_rounds=3"]
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if not line.startswith(("profile at", "dapple_launch:"))]
     print("\n".join(lines), flush=True)
