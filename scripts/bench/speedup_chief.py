@@ -292,10 +292,7 @@ def _run(flags_, model_args, folder) -> int:
                                       gpipe=flags_.gpipe, zero_bubble=flags_.zero_bubble,
                                       interleaved=flags_.interleaved, batched_w=flags_.batched_w)
     plans.append(speedup_plans.planner_plan(profiles, pcluster, batch))
-    from planner.planning import ties  # pylint: disable=import-outside-toplevel
-
-    if ties.text(plans[-1].proto):
-        print(f"planner: {ties.text(plans[-1].proto).strip()}", flush=True)
+    _print_ties(plans[-1])
     single_sim = speedup_plans.simulate(plans[0], base_profile).iteration_ms
     plans = selected(plans, flags_.plans)
     print(f"{flags_.model} ({model_flags}), global batch {batch}, {n} workers x {flags_.cores_per_worker} core(s), "
@@ -334,6 +331,21 @@ def _run(flags_, model_args, folder) -> int:
         print(row_text(row), flush=True)
         if flags_.trace_dir:
             write_timelines(flags_.trace_dir, plan, metadata, handle, simulated)
+    _print_where(budgets, term_lines)
+    harness.write_rows(flags_.json, rows)
+    del tf
+    return 0
+
+
+def _print_ties(plan) -> None:
+    from planner.planning import ties
+
+    if ties.text(plan.proto):
+        print(f"planner: {ties.text(plan.proto).strip()}", flush=True)
+
+
+def _print_where(budgets, term_lines) -> None:
+    """Per plan: where its speedup goes, then which term its traced step misses."""
     print("Where the speedup goes (scripts/bench/speedup_budget.py):", flush=True)
     width = max(len(b[0]) for b in budgets)
     for name, budget, measured, per_round in budgets:
@@ -342,9 +354,6 @@ def _run(flags_, model_args, folder) -> int:
           flush=True)
     for name, text in term_lines:
         print(f"  {name:{width}s}  {text}", flush=True)
-    harness.write_rows(flags_.json, rows)
-    del tf
-    return 0
 
 
 def _terms(row, metadata, handle, simulated) -> str:
