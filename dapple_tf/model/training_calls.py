@@ -29,7 +29,6 @@ from tensorflow.python.ops import gradients_util
 from dapple_tf.errors import DappleError
 
 _GRADIENTS_CODE = gradients_util._GradientsHelper.__code__  # pylint: disable=protected-access
-_OPTIMIZER_METHODS = ("apply_gradients", "minimize", "compute_gradients")
 _SITE = os.path.dirname(os.path.dirname(tf.__file__))
 _LIBRARY_ROOTS = tuple(os.path.join(_SITE, name) + os.sep for name in ("tensorflow", "tensorflow_estimator", "keras",
                                                                         "tf_keras"))
@@ -120,8 +119,10 @@ def _sequence(iterable) -> Optional[list]:
     return None
 
 
-def _is_optimizer_frame(frame) -> bool:
-    if frame.f_code.co_name not in _OPTIMIZER_METHODS:
+def _is_apply_frame(frame) -> bool:
+    """A frame of some optimizer's apply_gradients (a tf.compat.v1.train one, or another that the build refuses
+    with a message naming the one to use)."""
+    if frame.f_code.co_name != "apply_gradients":
         return False
     owner = frame.f_locals.get("self")
     return owner is not None and any(c.__name__ == "Optimizer" for c in type(owner).__mro__)
@@ -146,7 +147,7 @@ class _Observer:
             code = frame.f_code
             if code is _GRADIENTS_CODE:
                 gradients_frame = frame
-            elif code.co_name == "apply_gradients" and _is_optimizer_frame(frame):
+            elif code.co_name == "apply_gradients" and _is_apply_frame(frame):
                 apply_frame = frame
             frame = frame.f_back
         if gradients_frame is None and apply_frame is None:
