@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from dapple_tf.errors import DappleError
 from dapple_tf.rewrite.microbatch import slice_sizes
 
 
@@ -99,7 +100,8 @@ def _unpack(buffer: tf.Tensor, like: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     return [tf.reshape(p, t.shape) for p, t in zip(parts, like)]
 
 
-def exchange_sum(grads_per_device: Dict[str, List[tf.Tensor]], pack_bytes: int = PACK_BYTES) -> Dict[str, List[tf.Tensor]]:
+def exchange_sum(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], pack_bytes: int = PACK_BYTES, host=None,
+                 key: str = "") -> Dict[str, List[tf.Tensor]]:
     """Element-wise sums of same-shaped tensor lists, one list per device, from plain cross-device reads.
 
     Tensors travel in groups (`_groups`: large ones alone, small ones packed, since every transfer costs
@@ -108,34 +110,37 @@ def exchange_sum(grads_per_device: Dict[str, List[tf.Tensor]], pack_bytes: int =
     device, in one fixed order of devices, the owners' bytes balanced; every other device reads the
     owner's sum (all-gather). Each device sends and receives about (n - 1) / n of the bytes twice, like
     a ring, in one round each way; every device gets the same bits.
+
+    In a per-host graph (`host` a host_part.HostPart), the lists of other tasks' devices are None: a piece
+    this task owns is received from them and its sum sent back, through queues named from `key`.
     """
     devices = sorted(grads_per_device)
     n = len(devices)
-    like = grads_per_device[devices[0]]
+    local = [d for d in devices if grads_per_device[d] is not None]
+    like = grads_per_device[local[0]]
     groups = _groups(like, pack_bytes)
     buffers = {}
-    for d in devices:
+    for d in local:
         with tf.device(d):
             buffers[d] = [_buffer([grads_per_device[d][i] for i in g]) for g in groups]
-    total = sum(b.shape.num_elements() for b in buffers[devices[0]])
-    rows = [tf.compat.dimension_value(b.shape[0]) if b.shape.rank else 0 for b in buffers[devices[0]]]
+    total = sum(b.shape.num_elements() for b in buffers[local[0]])
+    rows = [tf.compat.dimension_value(b.shape[0]) if b.shape.rank else 0 for b in buffers[local[0]]]
     counts = [n if r and b.shape.num_elements() * n > total and r >= n else 1
-              for b, r in zip(buffers[devices[0]], rows)]
+              for b, r in zip(buffers[local[0]], rows)]
     pieces = {}
-    for d in devices:
+    for d in local:
         with tf.device(d):
             pieces[d] = [p for b, c, r in zip(buffers[d], counts, rows)
                          for p in (tf.split(b, list(slice_sizes(r, c))) if c > 1 else [b])]
-    sums = []
-    for k, o in enumerate(_owners([p.shape.num_elements() for p in pieces[devices[0]]], n)):
-        with tf.device(devices[o]):
-            sums.append(_deterministic_sum([pieces[d][k] for d in devices]))
+    sums = {}  # (piece, device) -> the piece's sum on that device
+    for k, o in enumerate(_owners([p.shape.num_elements() for p in pieces[local[0]]], n)):
+        sums.update(_piece_sums(k, devices[o], devices, pieces, host, key))
     result = {}
-    for d in devices:
+    for d in local:
         with tf.device(d):
             out, k = [None] * len(like), 0
             for g, c in zip(groups, counts):
-                buffer = tf.concat(sums[k:k + c], axis=0) if c > 1 else sums[k]
+                buffer = tf.concat([sums[(i, d)] for i in range(k, k + c)], axis=0) if c > 1 else sums[(k, d)]
                 for i, t in zip(g, _unpack(buffer, [like[i] for i in g])):
                     out[i] = t
                 k += c
@@ -143,7 +148,27 @@ def exchange_sum(grads_per_device: Dict[str, List[tf.Tensor]], pack_bytes: int =
     return result
 
 
-def _deterministic_sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+def _piece_sums(k: int, owner: str, devices: Sequence[str], pieces: Dict[str, List[tf.Tensor]], host, key: str
+                ) -> Dict[tuple, tf.Tensor]:
+    """{(k, device): piece k's sum there} for the devices of this graph (`pieces`' keys), summed on `owner`."""
+    like = next(iter(pieces.values()))[k]
+    if owner in pieces:
+        parts = [pieces[d][k] if d in pieces else host.receive(f"{key}/piece{k}/{d}", like.dtype, like.shape, owner)
+                 for d in devices]
+        with tf.device(owner):
+            total = deterministic_sum(parts)
+        for d in devices:
+            if d not in pieces:
+                host.send(f"{key}/sum{k}/{d}", total, d)
+        return {(k, d): total for d in pieces}
+    out = {}
+    for d in pieces:
+        host.send(f"{key}/piece{k}/{d}", pieces[d][k], owner)
+        out[(k, d)] = host.receive(f"{key}/sum{k}/{d}", like.dtype, like.shape, d)
+    return out
+
+
+def deterministic_sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     """The same bits on every run. A chain of adds would not do: grappler turns it into one AddN, whose
     order of additions depends on which input buffer it can reuse, which depends on when each arrives
     from another process (two runs of a 3-device exchange differed in the last bit)."""
@@ -153,8 +178,8 @@ def _deterministic_sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
 
 
 def all_reduce_sum(
-    grads_per_device: Dict[str, List[tf.Tensor]], keys: CollectiveKeys, after: Dict[str, tf.Tensor] = None,
-    cross_process_reduce: Optional[Callable[[tf.Tensor], tf.Tensor]] = None,
+    grads_per_device: Dict[str, Optional[List[tf.Tensor]]], keys: CollectiveKeys, after: Dict[str, tf.Tensor] = None,
+    cross_process_reduce: Optional[Callable[[tf.Tensor], tf.Tensor]] = None, host=None, key: str = "",
 ) -> Dict[str, List[tf.Tensor]]:
     """Sums, element-wise across devices, lists of same-shaped tensors; one collective per call.
 
@@ -162,6 +187,8 @@ def all_reduce_sum(
     the collective starts after `after[d]` (if given), so every device launches collectives in
     the same order. `cross_process_reduce`, if given, is applied once to the summed buffer (on the
     first device) and its result is what every device gets (hierarchical: in-process, then across).
+    In a per-host graph (`host`), other tasks' devices map to None and the sum is exchange_sum's (queues named
+    from `key`); a device set of several tasks' GPUs is refused there.
     """
     after = after or {}
     devices = sorted(grads_per_device)
@@ -169,12 +196,16 @@ def all_reduce_sum(
         return _reduce_across_processes(grads_per_device, keys, after, cross_process_reduce)
     if len(devices) == 1:
         return dict(grads_per_device)
+    remote = [d for d in devices if grads_per_device[d] is None]
+    if remote and not uses_exchange(devices):
+        raise DappleError(f"per-host graphs do not yet all-reduce across tasks' GPUs ({devices}): build one graph for "
+                          "the cluster (PipelineOptions.own_task=None)")
     if uses_exchange(devices):
         started = {}
         for device in devices:
             with tf.device(device), tf.control_dependencies([after[device]] if device in after else []):
-                started[device] = [tf.identity(g) for g in grads_per_device[device]]
-        return exchange_sum(started)
+                started[device] = None if device in remote else [tf.identity(g) for g in grads_per_device[device]]
+        return exchange_sum(started, host=host, key=key)
     group_key, instance_key = keys.group_key(devices), keys.instance_key()
     shapes = [g.shape for g in grads_per_device[devices[0]]]
     sizes = [s.num_elements() for s in shapes]

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from dapple_tf.rewrite import collectives
+from dapple_tf.rewrite import collectives, host_part
 from dapple_tf.rewrite.replicas import VariableCopies
 from planner.formats.constants import ALLREDUCE_BUCKET_BYTES
 
@@ -145,17 +145,25 @@ def _buckets(group: List[tf.Variable], accumulator: GradientAccumulator, device:
     return buckets + [current] if current else buckets
 
 
+def _exchange_key(devices, dtype: tf.DType, bucket: int) -> str:
+    """The queue names' prefix of a bucket's exchange in per-host graphs: the same on every task."""
+    return f"dapple/exchange/{collectives.CollectiveKeys.group_key(devices)}/{dtype.name}/b{bucket}"
+
+
 def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys,
                     cross_process_reduce=None, bucket_bytes: Optional[float] = None,
-                    start_after: Optional[tf.Operation] = None):
+                    start_after: Optional[tf.Operation] = None, host=None, variable_devices=None):
     """AllReduce per (device set, dtype) in buckets; returns (grads_and_vars, (grad, copy) pairs to apply).
 
     cross_process_reduce(buffer) -> buffer, if given, reduces each bucket's packed in-process sum
     once across processes (dapple_tf.frontends.horovod), weighted by the process's share of the batch.
     bucket_bytes: see the module docstring (None: ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
-    start_after: an op every device's first collective waits for (build_pipeline's stale-copy check)."""
+    start_after: an op every device's first collective waits for (build_pipeline's stale-copy check).
+    host, variable_devices: in a per-host graph, its host_part.HostPart and every device of the cluster that
+    accumulates each variable's gradient (StageBuilder.variable_devices); sums and pairs are this task's."""
     bucket_bytes = ALLREDUCE_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
-    devices_of = accumulator.devices_of()
+    host = host or host_part.InGraph()
+    devices_of = variable_devices if host.per_host else accumulator.devices_of()
     groups: Dict[Tuple[Tuple[str, ...], tf.DType], List[tf.Variable]] = {}
     for variable, devices in devices_of.items():
         groups.setdefault((devices, variable.dtype.base_dtype), []).append(variable)
@@ -165,7 +173,7 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
     exposed: Dict[tf.Variable, object] = {}
     last_collective: Dict[str, object] = {}
     if start_after is not None:
-        last_collective = {d: start_after for devices in devices_of.values() for d in devices}
+        last_collective = {d: start_after for devices in devices_of.values() for d in devices if host.is_local(d)}
     # One fixed order of collectives on every device (NCCL needs it on overlapping groups).
     for devices, dtype in sorted(groups, key=lambda key: (key[0], key[1].name)):
         summed: Dict[Key, tf.Tensor] = {}
@@ -173,15 +181,19 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
         # reduced as soon as the last backward has made it
         exchange = cross_process_reduce is None and collectives.uses_exchange(devices)
         size = float("inf") if exchange else bucket_bytes
-        for bucket in _buckets(groups[(devices, dtype)], accumulator, devices[0], size, position):
-            sparse = [v for v in bucket if accumulator.is_sparse(v, devices)]
+        local = [d for d in devices if host.is_local(d)]
+        buckets = _buckets(groups[(devices, dtype)], accumulator, local[0], size, position)
+        for b, bucket in enumerate(buckets):
+            sparse = [v for v in bucket if accumulator.is_sparse(v, local)]
             per_device = {
                 d: [accumulator.sums[(v, d)] for v in bucket] + [accumulator.row_counts[(v, d)] for v in sparse]
+                if d in local else None
                 for d in devices
             }
             sums = collectives.all_reduce_sum(per_device, keys, after=last_collective,
-                                              cross_process_reduce=cross_process_reduce)
-            for d in devices:
+                                              cross_process_reduce=cross_process_reduce, host=host,
+                                              key=_exchange_key(devices, dtype, b))
+            for d in local:
                 if len(devices) > 1 and not exchange:
                     last_collective[d] = sums[d][0]
                 counts = dict(zip(sparse, sums[d][len(bucket):]))
@@ -190,9 +202,9 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
         group = groups[(devices, dtype)]
         # The apply step waits for the device set's last bucket; fetching one device's sum must run
         # every participant's collectives.
-        chained = len(devices) > 1 and all(d in last_collective for d in devices)
-        everyone = [last_collective[d] for d in devices] if chained else []
-        for d in devices:
+        chained = len(devices) > 1 and all(d in last_collective for d in local)
+        everyone = [last_collective[d] for d in local] if chained else []
+        for d in local:
             with tf.device(d), tf.control_dependencies([last_collective[d]] if chained else []):
                 for v in group:
                     total, count = summed[(v, d)]
@@ -200,12 +212,14 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
                     reduced[(v, d)] = _as_slices(total, count) if count is not None else total
         for v in group:
             home = next((d for d, c in copies.copies_of(v).items() if c is v), None)
-            source = home if home in devices else devices[0]
+            source = home if home in local else local[0]
             with tf.device(source):
                 exposed[v] = _identity_after(reduced[(v, source)], everyone)
     grads_and_vars, apply_pairs = [], []
     for variable in devices_of:
         grads_and_vars.append((exposed[variable], variable))
         for device, copy in copies.copies_of(variable).items():
+            if not host.is_local(device):  # its own task's graph applies it
+                continue
             apply_pairs.append((reduced.get((variable, device), exposed[variable]), copy))
     return grads_and_vars, apply_pairs

@@ -49,6 +49,9 @@ class PipelineOptions:
     gradient_fn: fn([(gradient, variable)]) -> [(gradient, variable)], run once per step on the full-batch
         gradients of the user's variables (after clipping), for what a script does between its gradients and
         apply_gradients (per-variable scaling, clipping by value, noise); it must return each variable it got.
+    own_task: build only this task's part of the pipeline (per-host graphs, host_part.py): every task of the
+        cluster runs the same program with its own task ("/job:worker/replica:0/task:1") and a session on its own
+        server; tensors between tasks go through shared queues. None: one graph for every device of the plan.
     """
 
     schedule: Optional[str] = None
@@ -61,6 +64,7 @@ class PipelineOptions:
     input_gradients_first: bool = True
     clip_global_norm: Optional[float] = None
     gradient_fn: Optional[Callable] = None
+    own_task: Optional[str] = None
 
     def __post_init__(self):
         if self.clip_global_norm is not None and not (isinstance(self.clip_global_norm, (int, float))

@@ -24,7 +24,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.eager import context
 
 from dapple_tf.rewrite import (apply_step, batch_norm as batch_norm_lib, collectives, gradient_transforms, gradients,
-                               graph_walk, outputs as outputs_lib, random_ops, stage_function, summaries,
+                               graph_walk, host_part, outputs as outputs_lib, random_ops, stage_function, summaries,
                                template as template_lib)
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model import minimize as minimize_lib, training_calls
@@ -49,7 +49,7 @@ class PipelineHandle:
     """What build_pipeline made. Run `initializer` once, then `train_op` each step."""
 
     train_op: tf.Operation
-    loss: tf.Tensor  # mean loss over the global batch
+    loss: Optional[tf.Tensor]  # mean loss over the global batch (per-host graphs: on the loss's task only, else None)
     grads_and_vars: List[Tuple[tf.Tensor, tf.Variable]]  # averaged gradients of the user's variables
     schedule: Schedule
     stages: Tuple[ResolvedStage, ...]
@@ -66,6 +66,8 @@ class PipelineHandle:
     function_fallbacks: Dict[int, str] = dataclasses.field(default_factory=dict)  # stage -> why not a function call
     function_call_ops: Tuple[tf.Operation, ...] = ()  # the calls of the stages built as functions
     global_norm: Optional[tf.Tensor] = None  # with clip_global_norm: the gradients' global norm before clipping
+    # per-host graphs: other tasks' variables this task's local_init_op reads, not yet initialized (empty: ready)
+    ready_for_local_init_op: Optional[tf.Tensor] = None
 
     def session_config(self, config: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.ConfigProto:
         """The config to run this pipeline with: a copy of `config` (None: the one tf.compat.v1.Session would use,
@@ -152,6 +154,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     optimizer, options, global_step = _training(model_train, optimizer, options, global_step)
     layout = PipelineLayout.of(plan, template, options.schedule, options.recompute)
     random_ops.warn_per_slice(template.stages, layout)
+    host = host_part.host_part(options.own_task, plan.devices)
+    host_part.check_supported(host, options, [st.devices for st in layout.stages], model_train.script)
     trainable = set(model_train.script.variables) if model_train.script else set(tf.compat.v1.trainable_variables())
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
@@ -164,20 +168,26 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
                            sync_statistics=updates.synchronized,
                            input_gradients_first=options.input_gradients_first,
                            square_sparse=options.clip_global_norm is not None or bool(
-                               model_train.script and model_train.script.flow.substitutes))
+                               model_train.script and model_train.script.flow.substitutes), host=host)
     builder.build_forward()
     builder.build_backward()
     builder.chain()
     extra_outputs = builder.extra_outputs()
     update_ops = updates.build(builder.combined, layout.stages[-1].devices[0])
     model_summaries.build(builder.combined, layout.stages[-1].devices[0])
-    with tf.device(layout.stages[-1].devices[0]):
-        loss_mean = tf.add_n(builder.weighted_losses, name="dapple_loss")
+    loss_terms = builder.loss_terms(layout.stages[-1].devices[0])
+    loss_mean = None
+    if loss_terms:
+        with tf.device(layout.stages[-1].devices[0]):
+            # in a fixed order: an AddN adds in the order its inputs arrive, which moved the last bit between runs
+            loss_mean = tf.identity(collectives.deterministic_sum(loss_terms), name="dapple_loss")
+    if global_step is not None and not host.is_local(global_step.device):
+        global_step = None  # its own task's graph counts the steps
     step = _reduce_and_apply(graph, builder, copies, keys, optimizer, options, global_step, update_ops,
-                             layout.stages[-1].devices[0], model_train.script)
-    initializer, local_init, broadcast = _initializers(graph, copies, step.slot_pairs)
+                             layout.stages[-1].devices[0], model_train.script, host)
+    initializer, local_init, broadcast = _initializers(graph, copies, step.slot_pairs, host)
     return PipelineHandle(
-        train_op=model_train.run_after(step.train_op),
+        train_op=model_train.run_after(host_part.step_op(step.train_op, host, loss_mean)),
         loss=loss_mean,
         grads_and_vars=step.grads_and_vars,
         schedule=layout.schedule,
@@ -194,6 +204,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
         function_fallbacks=dict(builder.function_fallbacks),
         function_call_ops=builder.function_call_ops(),
         global_norm=step.global_norm,
+        ready_for_local_init_op=_remote_uninitialized(graph, host) if host.per_host else None,
     )
 
 
@@ -292,7 +303,7 @@ class _Step:
 
 def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCopies, keys, optimizer,
                       options: PipelineOptions, global_step, update_ops: List[tf.Operation], norm_device: str,
-                      script=None) -> _Step:
+                      script=None, host=None) -> _Step:
     """AllReduce of the accumulated gradients (gradients.py), clipping and the gradient function
     (gradient_transforms.py), then the optimizer's step on every copy (apply_step.py)."""
     # The first collective on every device waits for the stale-copy check, so a failing check stops the
@@ -301,7 +312,8 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     first_reduce_op = len(graph.get_operations())
     grads_and_vars, apply_pairs = gradients.reduce_and_pair(
         builder.accumulator, copies, keys, options.cross_process_reduce, options.allreduce_bucket_bytes,
-        start_after=stale_copy_check)
+        start_after=stale_copy_check, host=host,
+        variable_devices=builder.variable_devices() if host is not None and host.per_host else None)
     allreduce_op_names = tuple(op.name for op in graph.get_operations()[first_reduce_op:])
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
@@ -323,14 +335,29 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     return _Step(train_op, grads_and_vars, allreduce_op_names, applied.slot_pairs, norm)
 
 
-def _initializers(graph: tf.Graph, copies: VariableCopies, slot_pairs):
-    """(initializer, local_init_op, broadcast_op) of the PipelineHandle; the local init joins LOCAL_INIT_OP."""
+def _initializers(graph: tf.Graph, copies: VariableCopies, slot_pairs, host):
+    """(initializer, local_init_op, broadcast_op) of the PipelineHandle; the local init joins LOCAL_INIT_OP. In a
+    per-host graph the initializer initializes this task's global variables only: copies of other tasks' variables
+    wait for them (ready_for_local_init_op) in local_init_op."""
     broadcast = copies.broadcast_op(slot_pairs)
     local_init = _after_local_init(copies, slot_pairs, "dapple_local_init")
+    if host.per_host:
+        own = [v for v in tf.compat.v1.global_variables() if host.is_local(v.device)]
+        graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_INIT_OP, local_init)
+        return tf.compat.v1.variables_initializer(own, name="dapple_initializer"), local_init, broadcast
     with tf.control_dependencies([tf.compat.v1.global_variables_initializer()]):
         initializer = _after_local_init(copies, slot_pairs, "dapple_initializer")
     graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_INIT_OP, local_init)
     return initializer, local_init, broadcast
+
+
+def _remote_uninitialized(graph: tf.Graph, host) -> tf.Tensor:
+    """The names of other tasks' global variables not yet initialized (a per-host graph reads them)."""
+    del graph
+    remote = [v for v in tf.compat.v1.global_variables() if not host.is_local(v.device)]
+    uninitialized = tf.compat.v1.report_uninitialized_variables(remote, name="dapple_remote_uninitialized")
+    uninitialized.mark_used()  # a handle's field, fetched by whoever starts the session (host_session.start)
+    return uninitialized
 
 
 def _after_local_init(copies: VariableCopies, slot_pairs, name: str) -> tf.Operation:

@@ -26,8 +26,9 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf.rewrite import (collectives, graph_defs as graph_defs_lib, microbatch, outputs as outputs_lib,
-                               recompute as recompute_lib, stage_function, sync_batch_norm, tasks, v1_control_flow)
+from dapple_tf.rewrite import (collectives, graph_defs as graph_defs_lib, host_boundaries, host_part, microbatch,
+                               outputs as outputs_lib, recompute as recompute_lib, stage_function, sync_batch_norm,
+                               tasks, v1_control_flow)
 from dapple_tf.errors import DappleError, PlanError
 from dapple_tf.rewrite.gradients import GradientAccumulator
 from dapple_tf.rewrite.layout import PipelineLayout
@@ -64,7 +65,7 @@ def _wanted(stage, extras: bool = True) -> List[str]:
 def _check_rows(name: str, stage: int, producers: List[tf.Tensor], sizes, rows_per_sample: int) -> None:
     """Each producer replica's clone of `name` must have rows_per_sample rows per sample of its slice."""
     for i, (t, samples) in enumerate(zip(producers, sizes)):
-        if leading_dimension(t) not in (None, samples * rows_per_sample):
+        if t is not None and leading_dimension(t) not in (None, samples * rows_per_sample):
             raise DappleError(
                 f"{name} leaves stage {stage} and is split by samples, but its first dimension is not the batch: "
                 f"replica {i}'s slice of {samples} samples makes it {t.shape}; give it a leading batch dimension "
@@ -97,6 +98,7 @@ class StageBuilder:
         sync_statistics: Sequence[Dict[str, object]] = None,
         input_gradients_first: bool = True,
         square_sparse: bool = False,
+        host=None,
     ):
         """layout: the stages' slices, M, the schedule and which stages recompute;
         sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys;
@@ -106,7 +108,8 @@ class StageBuilder:
         (when the clones would be large).
         traced_functions: their calls are PartitionedCall ops, whose bodies a traced step records (PipelineOptions).
         input_gradients_first: each backward task runs its input gradients first (PipelineOptions).
-        square_sparse: the accumulator keeps the squares of gathered rows' gradients (global-norm clipping)."""
+        square_sparse: the accumulator keeps the squares of gathered rows' gradients (global-norm clipping).
+        host: host_part.HostPart to build only one task's tasks (per-host graphs); None: every device's."""
         if not input_gradients_first and (layout.schedule.splits_backward or layout.schedule.kind == BATCHED_W):
             raise PlanError(f"schedule {layout.schedule.kind!r} splits every backward into input and weight "
                             "gradients: input_gradients_first=False applies to schedules dapple, gpipe and interleaved")
@@ -118,10 +121,11 @@ class StageBuilder:
         self._graph_defs: List[graph_defs_lib.StageGraphDef] = []
         self.task_ops = tasks.TaskOps(graph)
         self.clones: Dict[Tuple[int, int, int], _Clone] = {}
-        self.weighted_losses: List[tf.Tensor] = []
+        self.host = host or host_part.InGraph()
+        self._weighted_losses: Dict[Tuple[int, int], tf.Tensor] = {}  # (micro-batch, replica) -> loss term
         self.accumulator = GradientAccumulator(square_sparse)
-        # (stage, micro-batch, replica, output name) -> [(first row, gradient piece)] per consumer stage
-        self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, tf.Tensor]]]] = {}
+        # (stage, micro-batch, replica, output name) -> [(first row, consumer replica, piece)] per consumer stage
+        self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, int, tf.Tensor]]]] = {}
         self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
         self._rows_per_sample: Dict[Tuple[int, str], int] = {}  # (stage, output name) cut into row ranges -> k
         self._rows_per_sample_unproven: Dict[Tuple[int, str], bool] = {}  # k = 1 taken, checked when the step runs
@@ -155,7 +159,7 @@ class StageBuilder:
             for ext in stage.externals:
                 variable = self.template.variable_of_handle.get(ext.tensor.name)
                 if ext.kind == VARIABLE and variable in self.trainable:
-                    for device in stage.stage.devices:
+                    for device in filter(self.host.is_local, stage.stage.devices):
                         self.copies.handle_for(variable, device)
         graph_defs = graph_defs_lib.stage_graph_defs(self.graph, [st.ops for st in self.template.stages])
         seeds = random.Random()  # for unseeded random ops of recomputed stages, like TF's own choice
@@ -171,19 +175,23 @@ class StageBuilder:
         imported = self._imported_micro_batches()
         micro_inputs = self._micro_batch_inputs()
         n = self.template.global_batch_size
+        clone_id = 0
         for m in range(self.layout.num_micro_batches):
             for s, stage in enumerate(self.template.stages):
                 sizes = self._sizes[s]
                 sync_base = self._sync_base(s)
                 for j, device in enumerate(stage.stage.devices):
                     start = microbatch.offsets(sizes)[j]
+                    clone_id += 1  # counted on every task alike: a clone's random seeds do not depend on the host
+                    if not self.host.is_local(device):
+                        continue
                     with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
                         feed = {}
                         with tf.name_scope(f"dapple/feed/stage{s}/mb{m}/r{j}"):
                             for ext in stage.externals:
-                                feed[ext.tensor.name] = self._feed(ext, m, j, start, sizes[j], micro_inputs[m], device)
+                                feed[ext.tensor.name] = self._feed(ext, m, (s, j), start, sizes[j], micro_inputs[m],
+                                                                   device)
                         wanted = _wanted(stage)
-                        clone_id = len(self.clones) + 1
                         env = None
                         if s in self._functions and (s, m) not in imported:
                             with tf.name_scope(f"dapple/stage{s}/mb{m}/r{j}"):
@@ -202,8 +210,11 @@ class StageBuilder:
                         clone.loss = by_name[stage.loss.name]
                         with tf.device(device):
                             weight = tf.constant(sizes[j] / n, dtype=clone.loss.dtype)
-                            self.weighted_losses.append(clone.loss * weight)
+                            self._weighted_losses[(m, j)] = clone.loss * weight
                     self.clones[(s, m, j)] = clone
+                    if self.host.per_host:
+                        with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
+                            self._send_outputs(s, m, j)
 
     def _imported_micro_batches(self) -> set:
         """(stage, micro-batch) imported per clone even where the stage is a function: a replicated stage's last
@@ -218,6 +229,8 @@ class StageBuilder:
 
     def _define_functions(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
         for s, stage in enumerate(self.template.stages):
+            if not any(map(self.host.is_local, stage.stage.devices)):
+                continue
             reason = stage_function.unsupported_reason(graph_defs[s], self.layout.recompute[s],
                                                        self._keys_per_clone_group[s] > 0)
             if reason is not None:
@@ -256,7 +269,8 @@ class StageBuilder:
     def _sync_feed(base) -> Dict[str, tf.Tensor]:
         return sync_batch_norm.instance_base_feed(base) if base is not None else {}
 
-    def _feed(self, ext, m, j, start, size, micro_inputs, device) -> tf.Tensor:
+    def _feed(self, ext, m, consumer: Tuple[int, int], start, size, micro_inputs, device) -> tf.Tensor:
+        """What clone `consumer` (stage, replica) of micro-batch m reads for external `ext`."""
         if ext.kind == INPUT:
             return micro_inputs[ext.tensor.name][start : start + size]
         if ext.kind == VARIABLE:
@@ -269,7 +283,7 @@ class StageBuilder:
         if ext.kind == SHAPE:  # read at this clone's slice size
             return tf.constant(self.template.shapes.value(ext.tensor, size), name="shape_value")
         p = ext.producer_stage
-        producers = [self.clones[(p, m, i)].outputs[ext.tensor.name] for i in range(len(self._sizes[p]))]
+        producers = self._producer_outputs(ext, m, consumer, start, size, device)
         same_samples = [i for i, (first, n) in enumerate(zip(microbatch.offsets(self._sizes[p]), self._sizes[p]))
                         if (first, n) == (start, size)]
         if not ext.batch_major:
@@ -279,12 +293,54 @@ class StageBuilder:
         else:
             k = self._row_blocks(ext, p, producers)
             if self._rows_per_sample_unproven.get((p, ext.tensor.name)):
-                producers = [_checked_rows(ext.tensor.name, p, t, n) for t, n in zip(producers, self._sizes[p])]
+                producers = [t if t is None else _checked_rows(ext.tensor.name, p, t, n)
+                             for t, n in zip(producers, self._sizes[p])]
             received = microbatch.concat_rows(
                 microbatch.gather_rows(producers, [n * k for n in self._sizes[p]], start * k, size * k))
         # A tensor of this task's own, so that the gradient w.r.t. it covers only this clone's paths
         # (not a path through another boundary tensor the same producer computed from it).
         return tf.identity(received)
+
+    def _producer_outputs(self, ext, m: int, consumer: Tuple[int, int], start: int, size: int, device: str
+                          ) -> List[tf.Tensor]:
+        """Per replica of ext's producer stage, its clone's tensor (received from another task's graph where that
+        replica is not this task's; None for replicas this consumer replica does not read)."""
+        p, sizes = ext.producer_stage, self._sizes[ext.producer_stage]
+        read = host_boundaries.producers_read(ext.batch_major, sizes, start, size)
+        out = []
+        for i, producer_device in enumerate(self.template.stages[p].stage.devices):
+            if self.host.is_local(producer_device):
+                out.append(self.clones[(p, m, i)].outputs[ext.tensor.name])
+            elif i in read:
+                key = host_boundaries.activation_key(ext.tensor.name, (p, i), consumer, m)
+                out.append(self.host.receive(key, ext.tensor.dtype, self._received_shape(ext, sizes[i]), device))
+            else:
+                out.append(None)
+        return out
+
+    def _received_shape(self, ext, samples: int) -> tf.TensorShape:
+        """A boundary tensor's static shape as the producer replica of `samples` samples makes it, as far as the
+        template tells (its rows where they are proven per sample)."""
+        shape = ext.tensor.shape
+        k = self.template.rows.rows_per_sample(ext.tensor) if ext.batch_major else None
+        if shape.rank and k is not None:
+            shape = tf.TensorShape([samples * k]).concatenate(shape[1:])
+        return shape
+
+    def _send_outputs(self, s: int, m: int, i: int) -> None:
+        """Sends clone (s, m, i)'s boundary tensors to the consumer replicas on other tasks that read them."""
+        outputs = self.clones[(s, m, i)].outputs
+        for consumer in self.template.stages[s + 1:]:
+            c = consumer.stage.index
+            starts = microbatch.offsets(self._sizes[c])
+            for ext in consumer.externals:
+                if ext.kind != BOUNDARY or ext.producer_stage != s:
+                    continue
+                for j, device in enumerate(consumer.stage.devices):
+                    read = host_boundaries.producers_read(ext.batch_major, self._sizes[s], starts[j], self._sizes[c][j])
+                    if not self.host.is_local(device) and i in read:
+                        key = host_boundaries.activation_key(ext.tensor.name, (s, i), (c, j), m)
+                        self.host.send(key, outputs[ext.tensor.name], device)
 
     def _row_blocks(self, ext, p: int, producers: List[tf.Tensor]) -> int:
         """Rows per sample of a batch-major boundary tensor cut into row ranges: proven from its ops
@@ -294,8 +350,52 @@ class StageBuilder:
             k = self.template.rows.rows_per_sample(ext.tensor)
             _check_rows(ext.tensor.name, p, producers, self._sizes[p], k or 1)
             self._rows_per_sample[key] = k or 1
-            self._rows_per_sample_unproven[key] = k is None and any(leading_dimension(t) is None for t in producers)
+            self._rows_per_sample_unproven[key] = k is None and any(leading_dimension(t) is None for t in producers
+                                                                           if t is not None)
         return self._rows_per_sample[key]
+
+    @property
+    def weighted_losses(self) -> List[tf.Tensor]:
+        """This graph's clones' losses, each weighted by its slice's share of the global batch, in (micro-batch,
+        replica) order."""
+        return [self._weighted_losses[key] for key in sorted(self._weighted_losses)]
+
+    def loss_terms(self, device: str) -> List[tf.Tensor]:
+        """Every clone's weighted loss, in (micro-batch, replica) order, to be summed on `device`. In a per-host
+        graph, those of replicas on other tasks are received when `device` is this task's, and this task's are
+        sent there when it is not (then the list is empty)."""
+        if not self.host.per_host:
+            return self.weighted_losses
+        loss_stage = next(st for st in self.template.stages if st.loss is not None)
+        terms = []
+        for m in range(self.layout.num_micro_batches):
+            for j, replica_device in enumerate(loss_stage.stage.devices):
+                key = host_boundaries.loss_key(j, m)
+                if self.host.is_local(replica_device):
+                    term = self._weighted_losses[(m, j)]
+                    if self.host.is_local(device):
+                        terms.append(term)
+                    else:
+                        self.host.send(key, term, device)
+                elif self.host.is_local(device):
+                    terms.append(self.host.receive(key, loss_stage.loss.dtype, tf.TensorShape([]), device))
+        return terms
+
+    def variable_devices(self) -> Dict[tf.Variable, Tuple[str, ...]]:
+        """Per trainable variable this graph holds a gradient of, every device of the cluster that accumulates
+        one (what GradientAccumulator.devices_of gives in one graph, in the same order): the devices of the
+        stages that read it, but those of a stage whose replica here got no gradient of it."""
+        out: Dict[tf.Variable, Tuple[str, ...]] = {}
+        local = self.accumulator.devices_of()
+        for stage in reversed(self.template.stages):
+            devices = stage.stage.devices
+            for ext in self._trainable_externals(stage):
+                variable = self.template.variable_of_handle[ext.tensor.name]
+                here = [d for d in devices if self.host.is_local(d)]
+                if here and not set(here) <= set(local.get(variable, ())):
+                    continue
+                out[variable] = out.get(variable, ()) + tuple(d for d in devices if d not in out.get(variable, ()))
+        return {v: devices for v, devices in out.items() if v in local}
 
     def extra_outputs(self) -> Dict[str, tf.Tensor]:
         """model_fn's extra outputs, each combined over micro-batches and replicas (outputs.py)."""
@@ -305,6 +405,11 @@ class StageBuilder:
         """One outputs.ExtraOutput's global-batch value, from the clones of its stage."""
         s = extra.stage
         sizes = self._sizes[s] if s >= 0 else ()
+        if s >= 0 and not all(map(self.host.is_local, self.template.stages[s].stage.devices)):
+            raise DappleError(
+                f"{extra.name}, computed by stage {s}, is needed once per step (an extra output, a batch-norm update or "
+                "a summary), but per-host graphs (PipelineOptions.own_task) do not yet combine a stage's values across "
+                "tasks: build one graph for the cluster (own_task=None)")
         per_clone = {
             (m, j): self.clones[(s, m, j)].extras[extra.tensor.name]
             for m in range(self.layout.num_micro_batches)
@@ -321,6 +426,8 @@ class StageBuilder:
             order = [t.micro_batch for t in self.layout.schedule.stage_tasks[s] if t.kind == BACKWARD]
             for m in order:
                 for j, device in enumerate(stages[s].stage.devices):
+                    if not self.host.is_local(device):
+                        continue
                     with self.task_ops.capture(Task(s, BACKWARD, m), j), tf.device(device):
                         self._backward_task(s, m, j, device)
 
@@ -348,9 +455,10 @@ class StageBuilder:
     def _backward_task(self, s: int, m: int, j: int, device: str) -> None:
         stage, clone = self.template.stages[s], self.clones[(s, m, j)]
         output_grads = {name: self._gather_output_grad(s, m, j, name) for name in clone.outputs}
-        if not any(g is not None for g in output_grads.values()) and clone.loss is None:
-            return
         boundary = self._differentiable_boundary(stage)
+        if not any(g is not None for g in output_grads.values()) and clone.loss is None:
+            self._check_nothing_expected(s, boundary)
+            return
         trainable = self._trainable_externals(stage)
         loss_weight = self._sizes[s][j] / self.template.global_batch_size
         summed = False
@@ -420,38 +528,94 @@ class StageBuilder:
         return ({e.tensor.name: by_name[e.tensor.name] for e in boundary},
                 {e.tensor.name: by_name[e.tensor.name] for e in trainable})
 
+    def _check_nothing_expected(self, s: int, boundary) -> None:
+        """A backward task that sends no input gradient (no gradient reached its stage): in a per-host graph, a
+        producer replica on another task would wait for it."""
+        if self.host.per_host and any(not self.host.is_local(d) for e in boundary
+                                      for d in self.template.stages[e.producer_stage].stage.devices):
+            raise DappleError(f"stage {s}'s outputs get no gradient (nothing it computes reaches the loss), so it "
+                              "sends no input gradients; per-host graphs (PipelineOptions.own_task) need every stage "
+                              "to: move the stage boundary, or build one graph for the cluster (own_task=None)")
+
     def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> List[tf.Tensor]:
         """Cuts the gradient of consumer replica j's input into pieces for the producer replicas; returns them (what
-        the task sends: part of its B, which zero-bubble schedules run before its W)."""
+        the task sends: part of its B, which zero-bubble schedules run before its W). A piece for a replica on
+        another task is sent there (host_part.py); what is returned for it then waits for the sending."""
         p = ext.producer_stage
         if not ext.batch_major:
             self._broadcast_outputs.add((p, ext.tensor.name))
-            self._grad_pieces.setdefault((p, m, 0, ext.tensor.name), {}).setdefault(s, []).append((0, grad))
-            return [grad]
-        pieces = []
         sizes = self._sizes[s]
         start = microbatch.offsets(sizes)[j]
         producer_offsets = microbatch.offsets(self._sizes[p])
         k = self._rows_per_sample.get((p, ext.tensor.name), 1)
-        for i, row, count in microbatch.overlapping_blocks(self._sizes[p], start, sizes[j]):
+        pieces = []
+        for i, row, count in host_boundaries.gradient_pieces(ext.batch_major, self._sizes[p], start, sizes[j]):
             piece = grad if count == sizes[j] else grad[row * k : (row + count) * k]
-            first_row = start + row - producer_offsets[i]
-            self._grad_pieces.setdefault((p, m, i, ext.tensor.name), {}).setdefault(s, []).append((first_row, piece))
+            producer_device = self.template.stages[p].stage.devices[i]
+            if not self.host.is_local(producer_device):
+                key = host_boundaries.gradient_key(ext.tensor.name, (p, i), (s, j), m)
+                with tf.control_dependencies([self.host.send(key, piece, producer_device)]):
+                    piece = tf.identity(piece)
+            else:
+                first_row = start + row - producer_offsets[i] if ext.batch_major else 0
+                self._grad_pieces.setdefault((p, m, i, ext.tensor.name), {}).setdefault(s, []).append(
+                    (first_row, j, piece))
             pieces.append(piece)
         return pieces
 
+    def _remote_grad_pieces(self, s: int, m: int, j: int, name: str, device: str):
+        """{consumer stage: [(first row, consumer replica, piece)]} of the gradient pieces of clone (s, m, j)'s
+        output `name` that consumer replicas on other tasks send (received here)."""
+        out = {}
+        output = self.clones[(s, m, j)].outputs[name]
+        dtype = output.dtype
+        for consumer in self.template.stages[s + 1:]:
+            c = consumer.stage.index
+            starts = microbatch.offsets(self._sizes[c])
+            for ext in self._differentiable_boundary(consumer):
+                if ext.producer_stage != s or ext.tensor.name != name:
+                    continue
+                for jc, consumer_device in enumerate(consumer.stage.devices):
+                    if self.host.is_local(consumer_device):
+                        continue
+                    for i, row, count in host_boundaries.gradient_pieces(ext.batch_major, self._sizes[s], starts[jc],
+                                                                         self._sizes[c][jc]):
+                        if i == j:
+                            first_row = starts[jc] + row - microbatch.offsets(self._sizes[s])[j] if ext.batch_major else 0
+                            key = host_boundaries.gradient_key(name, (s, j), (c, jc), m)
+                            shape = self._piece_shape(output.shape, ext.batch_major, self._sizes[s][j], count)
+                            out.setdefault(c, []).append((first_row, jc, self.host.receive(key, dtype, shape, device)))
+                if not ext.batch_major:
+                    self._broadcast_outputs.add((s, name))
+        return out
+
+    @staticmethod
+    def _piece_shape(shape: tf.TensorShape, batch_major: bool, samples: int, count: int) -> tf.TensorShape:
+        """The static shape of a gradient piece of `count` of the `samples` samples of an output of `shape`."""
+        rows = tf.compat.dimension_value(shape[0]) if shape.rank else None
+        if not batch_major or count == samples or rows is None:
+            return shape if not batch_major or count == samples else tf.TensorShape(None)
+        return tf.TensorShape([rows // samples * count]).concatenate(shape[1:])
+
     def _gather_output_grad(self, s: int, m: int, j: int, name: str):
-        per_consumer = self._grad_pieces.get((s, m, j, name))
+        per_consumer = dict(self._grad_pieces.get((s, m, j, name), {}))
+        if self.host.per_host:
+            device = self.template.stages[s].stage.devices[j]
+            for c, pieces in self._remote_grad_pieces(s, m, j, name, device).items():
+                per_consumer[c] = per_consumer.get(c, []) + pieces
         if not per_consumer:
             return None
         sums = []
         for consumer in sorted(per_consumer):
-            pieces = sorted(per_consumer[consumer], key=lambda x: x[0])
+            pieces = [g for _, _, g in sorted(per_consumer[consumer], key=lambda x: x[:2])]
             if (s, name) in self._broadcast_outputs:  # every consumer replica's gradient of the whole tensor
-                sums.append(tf.add_n([g for _, g in pieces]))
+                sums.append(tf.add_n(pieces))
             else:
-                sums.append(microbatch.concat_rows([g for _, g in pieces]))
-        return sums[0] if len(sums) == 1 else tf.add_n(sums)
+                sums.append(microbatch.concat_rows(pieces))
+        total = sums[0] if len(sums) == 1 else tf.add_n(sums)
+        if self.host.per_host:  # received pieces have no static shape; together they cover the output
+            total.set_shape(self.clones[(s, m, j)].outputs[name].shape)
+        return total
 
     def _uses_functions(self) -> bool:
         """stage_function.use_functions, except that schedule dapple-batched-w stacks weight gradients of clones

@@ -1,0 +1,51 @@
+"""Stage boundaries in per-host graphs: who reads whose activations, and the names of the queues between tasks.
+
+A consumer replica reads, for each boundary tensor, the producer replicas `producers_read` lists (the same choice
+StageBuilder makes in one graph: the first replica's whole tensor when it is not split by samples, the replica of
+exactly its slice, else every replica its rows overlap). The producer's task computes the same list to know whom
+to send its activations to, and `gradient_pieces` lists the gradient pieces each consumer replica sends back, so
+both sides of every queue are built from the plan alone, without the other task's graph.
+"""
+
+from typing import List, Sequence, Tuple
+
+from dapple_tf.rewrite import microbatch
+
+
+def producers_read(batch_major: bool, producer_sizes: Sequence[int], start: int, size: int) -> List[int]:
+    """The producer replicas whose tensor a consumer replica of rows [start, start + size) reads."""
+    if not batch_major:
+        return [0]
+    offsets = microbatch.offsets(producer_sizes)
+    same = [i for i, (first, n) in enumerate(zip(offsets, producer_sizes)) if (first, n) == (start, size)]
+    if same:
+        return same[:1]
+    return [i for i, _, _ in microbatch.overlapping_blocks(producer_sizes, start, size)]
+
+
+def gradient_pieces(batch_major: bool, producer_sizes: Sequence[int], start: int, size: int
+                    ) -> List[Tuple[int, int, int]]:
+    """(producer replica, first row in the consumer's slice, rows) of each piece of a consumer replica's input
+    gradient (rows [start, start + size)): what StageBuilder._send_input_grad cuts."""
+    if not batch_major:
+        return [(0, 0, size)]
+    return microbatch.overlapping_blocks(producer_sizes, start, size)
+
+
+def _pair(name: str, producer: Tuple[int, int], consumer: Tuple[int, int], m: int) -> str:
+    return f"{name}/s{producer[0]}r{producer[1]}-s{consumer[0]}r{consumer[1]}/mb{m}"
+
+
+def activation_key(name: str, producer: Tuple[int, int], consumer: Tuple[int, int], m: int) -> str:
+    """The queue of boundary tensor `name` from (stage, replica) `producer` to `consumer`, micro-batch m."""
+    return "dapple/activation/" + _pair(name, producer, consumer, m)
+
+
+def gradient_key(name: str, producer: Tuple[int, int], consumer: Tuple[int, int], m: int) -> str:
+    """The queue of the gradient piece of `name` that `consumer` sends back to `producer`, micro-batch m."""
+    return "dapple/gradient/" + _pair(name, producer, consumer, m)
+
+
+def loss_key(replica: int, m: int) -> str:
+    """The queue of the last stage's replica's weighted loss of micro-batch m, to the loss's device."""
+    return f"dapple/loss/r{replica}/mb{m}"

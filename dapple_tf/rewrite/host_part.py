@@ -1,0 +1,124 @@
+"""Per-host graphs: which devices this process builds, and tensors that cross to another task's session.
+
+With `PipelineOptions(own_task=...)` every task of a cluster runs the same program and builds only the tasks of
+the schedule that run on its own devices (TensorFlow's between-graph replication). A tensor one task makes and
+another reads (a stage boundary's activations and their gradients, a gradient piece of the exchange, a replica's
+loss) travels through a FIFOQueue with a shared name on the reading task's device: the sending graph enqueues
+there, the reading graph dequeues there, and both graphs create the queue with the same name, so the two sessions
+meet in the same queue resource of the reading worker (as SyncReplicasOptimizer's workers share token queues;
+scripts.bench.cross_session measured it as fast as the in-graph transfer). Every queue carries one tensor per step:
+a name per boundary, micro-batch and replica pair, so the order in which the two sides run their tasks cannot mix
+items up. `InGraph` is the one-process case: every device is local and nothing is queued.
+"""
+
+from typing import List, Optional
+
+import tensorflow as tf
+
+from dapple_tf.errors import PlanError
+
+# Items a queue can hold: a sender is at most one step ahead of its reader (the reader's previous step took the
+# last item before the sender could finish that step), so two never block a correct pipeline.
+QUEUE_CAPACITY = 2
+
+
+def task_of(device: str) -> str:
+    """The task part of a device name: "/job:worker/replica:0/task:1" for ".../task:1/device:CPU:0"."""
+    spec = tf.DeviceSpec.from_string(device)
+    return tf.DeviceSpec(job=spec.job, replica=spec.replica or 0, task=spec.task or 0).to_string()
+
+
+class InGraph:
+    """The whole cluster's graph in one process: every device is this graph's."""
+
+    per_host = False
+
+    def is_local(self, device: str) -> bool:
+        del device
+        return True
+
+    def sends(self) -> List[tf.Operation]:
+        return []
+
+
+class HostPart:
+    """The part of the cluster one task builds: its devices, and the queues to and from the other tasks."""
+
+    per_host = True
+
+    def __init__(self, task: str, plan_devices):
+        self.task = task_of(task)
+        if tf.DeviceSpec.from_string(task).job is None:
+            raise PlanError(f"own_task must name a task of a cluster job (\"/job:worker/replica:0/task:1\"), got {task!r}")
+        tasks = sorted({task_of(d) for d in plan_devices if tf.DeviceSpec.from_string(d).job is not None})
+        if self.task not in tasks:
+            raise PlanError(f"own_task {self.task} runs none of the plan's devices; the plan's tasks: {tasks}")
+        self._sends: List[tf.Operation] = []
+
+    def is_local(self, device: str) -> bool:
+        """True for this task's devices, and for unplaced ("") ones, which its session places on itself."""
+        return not device or task_of(device) == self.task
+
+    def send(self, key: str, tensor: tf.Tensor, to_device: str) -> tf.Operation:
+        """Enqueues `tensor` into queue `key` on another task's device; the op is kept for `sends`."""
+        with tf.control_dependencies(None):
+            queue = self._queue(key, tensor.dtype, to_device)
+        with tf.device(to_device):
+            enqueue = queue.enqueue([tensor], name="send")
+        self._sends.append(enqueue)
+        return enqueue
+
+    def receive(self, key: str, dtype: tf.DType, shape: Optional[tf.TensorShape], at_device: str) -> tf.Tensor:
+        """Dequeues this step's tensor of queue `key` on this task's device `at_device`, of a known `shape`."""
+        with tf.control_dependencies(None):
+            queue = self._queue(key, dtype, at_device)
+        with tf.device(at_device):
+            received = queue.dequeue(name="receive")
+            if shape is not None and shape.rank is not None:
+                # as an op, so that grappler knows the shape too: it optimizes (fuses, folds) by shapes, and a
+                # dequeue's are unknown to it, which changed the last bits of some results against one graph
+                received = tf.ensure_shape(received, shape)
+        return received
+
+    def sends(self) -> List[tf.Operation]:
+        """Every enqueue this graph makes: a step must run them all (no later task of this graph waits for some)."""
+        return list(self._sends)
+
+    @staticmethod
+    def _queue(key: str, dtype: tf.DType, device: str) -> tf.queue.FIFOQueue:
+        with tf.device(device), tf.name_scope("dapple/host_queue"):
+            return tf.queue.FIFOQueue(QUEUE_CAPACITY, [dtype.base_dtype], shared_name=key, name="queue")
+
+
+def host_part(own_task: Optional[str], plan_devices) -> "InGraph | HostPart":
+    """HostPart for `own_task` (PipelineOptions.own_task), InGraph for None."""
+    return InGraph() if own_task is None else HostPart(own_task, plan_devices)
+
+
+def check_supported(host, options, replication_devices, script) -> None:
+    """Refuses, for a per-host graph, what it does not build yet: each needs values from every task at once."""
+    if not host.per_host:
+        return
+    refused = []
+    if options.cross_process_reduce is not None:
+        refused.append("cross_process_reduce (Horovod)")
+    if options.clip_global_norm is not None:
+        refused.append("clip_global_norm (the norm spans every task's gradients)")
+    if options.gradient_fn is not None:
+        refused.append("gradient_fn")
+    if script is not None and script.flow.ops:
+        refused.append(f"a script's own gradient transform (apply_gradients at {script.where})")
+    if options.batch_norm == "sync" and any(len({task_of(d) for d in devices}) > 1 for devices in replication_devices):
+        refused.append("batch_norm='sync' for a stage replicated across tasks")
+    if refused:
+        raise PlanError(f"per-host graphs (PipelineOptions.own_task) do not yet support {', '.join(refused)}: build one "
+                        "graph for the cluster (own_task=None)")
+
+
+def step_op(train_op: tf.Operation, host, loss) -> tf.Operation:
+    """The step of a per-host graph: the apply, every send (no later task waits for some), and the loss where it
+    is summed (its terms arrive every step and must be taken)."""
+    if not host.per_host:
+        return train_op
+    extra = host.sends() + ([loss.op] if loss is not None else [])
+    return tf.group(train_op, *extra, name="dapple_host_step")

@@ -1,0 +1,146 @@
+"""Trains a plan over in-process worker tasks twice, as one graph for the cluster and as one graph per task
+(PipelineOptions.own_task), and prints both runs' weights and losses as JSON (lists, bit-exact as float hex).
+
+    python -m tests.per_host_probe '[{"stages": [[0, 2, [[0, 0]]], [3, 4, [[1, 0]]]], "micro_batches": 2}]'
+
+Prints, per case, whether the two runs are bit-identical, the largest weight difference and each graph's ops.
+A stage's devices are [task, CPU index] pairs (every task has 2 CPU devices). Optional keys: "schedule" ("dapple"), "stage_functions" (false), "steps" (3), "batch" (12), "model"
+("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn), "remapping" (true: grappler's remapper on). Run in its own process by tests/test_per_host.py,
+so that the servers end with it; each per-host graph runs in a thread of this process with a session on its own
+task's server, as the task's own process would.
+"""
+
+import json
+import socket
+import sys
+import threading
+
+import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
+
+import dapple_tf
+from dapple_tf.cluster import host_session
+from tests import toy_models
+
+TIMEOUT_S = 120
+
+
+def _device(task: int, index: int) -> str:
+    return f"/job:worker/replica:0/task:{task}/device:CPU:{index}"
+
+
+def _model_fn(case):
+    values = toy_models.initial_values()
+    return {"skip": toy_models.skip_model_fn, "tied": toy_models.tied_model_fn}[case.get("model", "skip")](values)
+
+
+def _build(case, own_task=None):
+    """(handle, weights by name) of the case's pipeline in the default graph."""
+    x, y = toy_models.batch(case.get("batch", 12))
+    plan = dapple_tf.Plan.from_stages(
+        [(first, last, [_device(*d) for d in devices]) for first, last, devices in case["stages"]],
+        case["micro_batches"])
+    options = dapple_tf.PipelineOptions(schedule=case.get("schedule", "dapple"),
+                                        stage_functions=case.get("stage_functions", False), own_task=own_task)
+    handle = dapple_tf.build_pipeline(_model_fn(case), tf.constant(x), tf.constant(y),
+                                      tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), plan, options)
+    return handle
+
+
+def _config(case):
+    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=TIMEOUT_S * 1000)
+    if not case.get("remapping", True):
+        config.graph_options.rewrite_options.remapping = rewriter_config_pb2.RewriterConfig.OFF
+    return config
+
+
+def _hex(values):
+    return [float(v).hex() for v in values.ravel()]
+
+
+def _weights(sess, handle, own=None):
+    pairs = [(v.op.name, v) for _, v in handle.grads_and_vars if own is None or own(v.device)]
+    return {name: _hex(value) for (name, _), value in zip(pairs, sess.run([v for _, v in pairs]))}
+
+
+def in_graph(case, target):
+    with tf.Graph().as_default():
+        handle = _build(case)
+        with tf.compat.v1.Session(target, config=handle.session_config(_config(case))) as sess:
+            sess.run(handle.initializer)
+            losses = [float(sess.run([handle.loss, handle.train_op])[0]).hex() for _ in range(case.get("steps", 3))]
+            return {"weights": _weights(sess, handle), "losses": losses, "ops": len(sess.graph.get_operations())}
+
+
+def per_host(case, targets):
+    """Every task's graph built here in turn, then all run at once, one thread per task."""
+    built = []
+    used = {d[0] for _, _, devices in case["stages"] for d in devices}
+    for task, target in enumerate(targets[:1 + max(used)]):
+        graph = tf.Graph()
+        with graph.as_default():
+            handle = _build(case, own_task=f"/job:worker/replica:0/task:{task}")
+        built.append((graph, handle, target))
+    results, errors = [None] * len(built), []
+
+    def run(task, graph, handle, target):
+        try:
+            with graph.as_default(), tf.compat.v1.Session(target, config=handle.session_config(_config(case))) as sess:
+                host_session.start(sess, handle, TIMEOUT_S)
+                fetches = [handle.train_op] + ([handle.loss] if handle.loss is not None else [])
+                losses = [sess.run(fetches)[1:] for _ in range(case.get("steps", 3))]
+                results[task] = {"weights": _weights(sess, handle, lambda d, t=task: f"/task:{t}/" in d or (not d and t == 0)),
+                                 "losses": [float(l[0]).hex() for l in losses if l],
+                                 "ops": len(graph.get_operations())}
+        except Exception as e:  # pylint: disable=broad-except
+            errors.append(f"task {task}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=run, args=(task, *b)) for task, b in enumerate(built)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        return {"errors": errors}
+    weights = {k: v for r in results for k, v in r["weights"].items()}
+    losses = next(r["losses"] for r in results if r["losses"])
+    return {"weights": weights, "losses": losses, "ops": [r["ops"] for r in results]}
+
+
+def _compare(case, target, targets):
+    """One case, both ways: whether weights and losses are bit-identical, the largest weight difference, and the
+    ops of each graph."""
+    import numpy as np
+
+    one = in_graph(case, target)
+    tf.compat.v1.Session.reset(target)  # variables and queues live in the servers until reset
+    hosts = per_host(case, targets)
+    tf.compat.v1.Session.reset(target)
+    if "errors" in hosts:
+        return {"errors": hosts["errors"]}
+    as_array = lambda values: np.array([float.fromhex(v) for v in values])  # noqa: E731
+    diffs = [float(np.max(np.abs(as_array(one["weights"][k]) - as_array(hosts["weights"][k])), initial=0.0))
+             for k in one["weights"]]
+    return {"identical": one["weights"] == hosts["weights"] and one["losses"] == hosts["losses"],
+            "loss_hex": [one["losses"], hosts["losses"]],
+            "variables": sorted(hosts["weights"]) == sorted(one["weights"]), "max_difference": max(diffs),
+            "losses": [float.fromhex(v) for v in hosts["losses"]], "in_graph_ops": one["ops"],
+            "per_host_ops": hosts["ops"]}
+
+
+def main(text):
+    cases = json.loads(text)
+    tasks = max(1 + max(d[0] for _, _, devices in case["stages"] for d in devices) for case in cases)
+    ports = []
+    for _ in range(tasks):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    spec = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{p}" for p in ports]})
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+    servers = [tf.distribute.Server(spec, "worker", task, config=config) for task in range(tasks)]
+    print(json.dumps([_compare(case, servers[0].target, [s.target for s in servers]) for case in cases]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
