@@ -124,3 +124,21 @@ def test_what_per_host_graphs_do_not_build_yet_is_refused_by_name():
     assert str(raised.value) == (
         "per-host graphs (PipelineOptions.own_task) do not yet support clip_global_norm (the norm spans every task's "
         "gradients), gradient_fn: build one graph for the cluster (own_task=None)")
+
+
+def test_gpus_of_several_tasks_all_reduce_by_one_collective_with_the_same_keys_in_every_tasks_graph():
+    """NCCL across tasks (not runnable here): each task's graph launches its own device's member of one collective
+    per bucket, with the group and instance keys the other tasks' graphs derive alike."""
+    gpus = [f"{_task(t)}/device:GPU:0" for t in range(2)]
+    plan = dapple_tf.Plan.from_stages([(0, 4, gpus)], 1)
+    launched = []
+    for task in range(2):
+        with tf.Graph().as_default() as graph:
+            _build(plan, _task(task))
+            reduce_ops = [op for op in graph.get_operations() if op.type.startswith("CollectiveReduce")]
+        launched.append({(op.device, op.get_attr("group_key"), op.get_attr("instance_key"), op.get_attr("group_size"),
+                          op.get_attr("communication_hint")) for op in reduce_ops})
+    assert [{device for device, *_ in ops} for ops in launched] == [{gpus[0]}, {gpus[1]}]
+    assert {tuple(key) for _, *key in launched[0]} == {tuple(key) for _, *key in launched[1]}
+    assert launched[0] and all(size == 2 and hint == b"nccl" for _, _, _, size, hint in launched[0])
+    assert all(instance >= 2**30 for _, _, instance, _, _ in launched[0])  # apart from the counted keys

@@ -16,7 +16,6 @@ from typing import Callable, Dict, List, Optional, Sequence
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
-from dapple_tf.errors import DappleError
 from dapple_tf.rewrite.microbatch import slice_sizes
 
 
@@ -37,6 +36,12 @@ class CollectiveKeys:
 
     def instance_key(self) -> int:
         return self.instance_keys(1)
+
+    @staticmethod
+    def shared_instance_key(name: str) -> int:
+        """An instance key every task's graph derives from the same `name` (per-host graphs), in a range apart from
+        the counted keys (those start at a graph's operation count)."""
+        return (zlib.crc32(name.encode()) & 0x3FFFFFFF) | 0x40000000
 
     def instance_keys(self, count: int) -> int:
         """The first of `count` consecutive unused instance keys."""
@@ -187,8 +192,10 @@ def all_reduce_sum(
     the collective starts after `after[d]` (if given), so every device launches collectives in
     the same order. `cross_process_reduce`, if given, is applied once to the summed buffer (on the
     first device) and its result is what every device gets (hierarchical: in-process, then across).
-    In a per-host graph (`host`), other tasks' devices map to None and the sum is exchange_sum's (queues named
-    from `key`); a device set of several tasks' GPUs is refused there.
+    In a per-host graph (`host`), other tasks' devices map to None: exchange_sum's queues join CPUs of several
+    tasks (not TF's collectives: across the tasks' sessions, their first step failed one run in three in TF 2.15,
+    "ValidateDevices called before initialization"); GPUs of several tasks (NCCL) join by a collective whose
+    instance key every task derives from `key`.
     """
     after = after or {}
     devices = sorted(grads_per_device)
@@ -197,20 +204,19 @@ def all_reduce_sum(
     if len(devices) == 1:
         return dict(grads_per_device)
     remote = [d for d in devices if grads_per_device[d] is None]
-    if remote and not uses_exchange(devices):
-        raise DappleError(f"per-host graphs do not yet all-reduce across tasks' GPUs ({devices}): build one graph for "
-                          "the cluster (PipelineOptions.own_task=None)")
     if uses_exchange(devices):
         started = {}
         for device in devices:
             with tf.device(device), tf.control_dependencies([after[device]] if device in after else []):
                 started[device] = None if device in remote else [tf.identity(g) for g in grads_per_device[device]]
         return exchange_sum(started, host=host, key=key)
-    group_key, instance_key = keys.group_key(devices), keys.instance_key()
-    shapes = [g.shape for g in grads_per_device[devices[0]]]
+    group_key = keys.group_key(devices)
+    instance_key = keys.shared_instance_key(key) if remote else keys.instance_key()
+    local = [d for d in devices if d not in remote]
+    shapes = [g.shape for g in grads_per_device[local[0]]]
     sizes = [s.num_elements() for s in shapes]
     result = {}
-    for device in devices:
+    for device in local:
         with tf.device(device), tf.control_dependencies([after[device]] if device in after else []):
             flat = tf.concat([tf.reshape(g, [-1]) for g in grads_per_device[device]], axis=0)
             summed = collective_ops.all_reduce(

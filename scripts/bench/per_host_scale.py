@@ -1,0 +1,200 @@
+"""Ops per process and time to first step: one graph for the whole cluster against one graph per host (issue 46).
+
+    python -m scripts.bench.per_host_scale                          # N = 2, 4, 8, 16 local worker processes
+    python -m scripts.bench.per_host_scale --tasks=2 --plans=dp --steps=30 --cores_per_worker=1
+
+For each N and plan this starts N worker processes (a server each, --devices_per_task virtual CPU devices), then
+- in-graph: this process builds the whole cluster's graph and drives every step from one session (today's runtime);
+- per-host: every worker builds only its own part (PipelineOptions(own_task=...)) and runs it in its own session,
+  all at once (dapple_tf.cluster.host_session starts them).
+Each row prints the ops of the in-graph client's graph and of the largest per-host graph, the time from the start of
+the build to the end of the first step (per host: the slowest worker's) with the CPU seconds of the build, and the
+steady step (median; per host: the slowest worker's). Plans, each with the same work per task at every N:
+- dp: a 9-layer MLP (hidden --width), every task a replica, 16 samples each;
+- straight: N one-layer stages (the last also holds the loss), one per task, M=4 micro-batches of 16;
+- hybrid: N/2 one-layer stages, each replicated on two tasks, M=4 micro-batches of 32.
+On 2 cores, the N workers of a row share them: their wall times grow with N where their CPU seconds do not.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import flags
+
+from scripts.bench import harness
+from scripts.cli import reject_arguments, run_main
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("tasks", ["2", "4", "8", "16"], "Worker process counts N.")
+flags.DEFINE_list("plans", ["dp", "straight", "hybrid"], "Plans: dp, straight, hybrid (module docstring).")
+flags.DEFINE_integer("devices_per_task", 1, "Virtual CPU devices per worker (plans use device 0).")
+flags.DEFINE_integer("width", 64, "Hidden units per layer.")
+flags.DEFINE_integer("steps", 6, "Steps per run, the first included; the steady step is the median of the rest.")
+flags.DEFINE_integer("cores_per_worker", 0, "Pin worker i to its own cores (0: no pinning).")
+flags.DEFINE_string("json", "", "Also write the rows here.")
+flags.DEFINE_integer("as_worker", -1, "Internal: run worker task N of --workers.")
+flags.DEFINE_list("workers", [], "Internal: the workers' addresses.")
+
+TIMEOUT_S = 300
+
+
+def _case(plan: str, n: int, width: int):
+    """(model spec, global batch, plan) of a row, the same in every process."""
+    import dapple_tf  # pylint: disable=import-outside-toplevel
+    import models  # pylint: disable=import-outside-toplevel
+
+    def device(task):
+        return f"/job:worker/replica:0/task:{task}/device:CPU:0"
+
+    if plan == "dp":
+        spec = models.get_model("mlp", "tiny", hidden=[width] * 8, input_dim=width)
+        return spec, 16 * n, dapple_tf.Plan.from_stages([(0, 8, [device(t) for t in range(n)])], 1)
+    num_stages = n if plan == "straight" else n // 2
+    spec = models.get_model("mlp", "tiny", hidden=[width] * num_stages, input_dim=width)
+    bounds = [(s, s) for s in range(num_stages - 1)] + [(num_stages - 1, num_stages)]  # the last stage + the head
+    replicas = 1 if plan == "straight" else 2
+    stages = [(a, b, [device(s * replicas + r) for r in range(replicas)]) for s, (a, b) in enumerate(bounds)]
+    return spec, 64 * replicas, dapple_tf.Plan.from_stages(stages, 4)
+
+
+def _build(plan: str, n: int, own_task=None):
+    """(handle, build CPU seconds) of a row's pipeline in the default graph."""
+    import dapple_tf  # pylint: disable=import-outside-toplevel
+
+    start = time.process_time()
+    spec, batch, pipeline_plan = _case(plan, n, FLAGS.width)
+    features, labels = harness.synthetic_batch(spec, batch)
+    handle = dapple_tf.build_pipeline(spec.model_fn, features, labels, harness.optimizer("sgd"), pipeline_plan,
+                                      dapple_tf.PipelineOptions(own_task=own_task))
+    return handle, time.process_time() - start
+
+
+def _run(session, handle, start: float, steps: int) -> dict:
+    """Steps the session; the first step's end (from `start`) and the steady steps' median, seconds."""
+    fetch = handle.train_op
+    session.run(fetch)
+    first = time.perf_counter() - start
+    durations = []
+    for _ in range(steps - 1):
+        began = time.perf_counter()
+        session.run(fetch)
+        durations.append(time.perf_counter() - began)
+    return {"first_step_s": first, "step_s": statistics.median(durations) if durations else None}
+
+
+def worker() -> int:
+    """A worker task: its server, then per request line one per-host run of its part; one JSON line back each."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from dapple_tf.cluster import host_session  # pylint: disable=import-outside-toplevel
+    from dapple_tf.cluster.servers import server_config, session_config  # pylint: disable=import-outside-toplevel
+
+    spec = tf.train.ClusterSpec({"worker": list(FLAGS.workers)})
+    server = tf.distribute.Server(spec, "worker", FLAGS.as_worker, config=server_config(FLAGS.devices_per_task))
+    print("ready", flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        with tf.Graph().as_default() as graph:
+            start = time.perf_counter()
+            handle, build_cpu = _build(request["plan"], request["n"], f"/job:worker/replica:0/task:{FLAGS.as_worker}")
+            with tf.compat.v1.Session(server.target, config=handle.session_config(session_config(TIMEOUT_S))) as sess:
+                host_session.start(sess, handle, TIMEOUT_S)
+                row = _run(sess, handle, start, request["steps"])
+        print(json.dumps(dict(row, ops=len(graph.get_operations()), build_cpu_s=build_cpu)), flush=True)
+    return 0
+
+
+def _in_graph(plan: str, n: int, target: str) -> dict:
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from dapple_tf.cluster.servers import session_config  # pylint: disable=import-outside-toplevel
+
+    with tf.Graph().as_default() as graph:
+        start = time.perf_counter()
+        handle, build_cpu = _build(plan, n)
+        with tf.compat.v1.Session(target, config=handle.session_config(session_config(TIMEOUT_S))) as sess:
+            sess.run(handle.initializer)
+            row = _run(sess, handle, start, FLAGS.steps)
+    tf.compat.v1.Session.reset(target)  # the variables live in the workers until reset
+    return dict(row, ops=len(graph.get_operations()), build_cpu_s=build_cpu)
+
+
+def _start_workers(n: int):
+    from dapple_tf.cluster.servers import free_ports, worker_cores  # pylint: disable=import-outside-toplevel
+
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(n)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    processes = []
+    for task in range(n):
+        cores = worker_cores(task, FLAGS.cores_per_worker) if FLAGS.cores_per_worker else ()
+        command = harness.module_command("scripts.bench.per_host_scale", f"--as_worker={task}",
+                                         f"--workers={','.join(addresses)}",
+                                         f"--devices_per_task={FLAGS.devices_per_task}", f"--width={FLAGS.width}")
+        processes.append(subprocess.Popen(["taskset", "-c", ",".join(map(str, cores)), *command] if cores else command,
+                                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    for task, process in enumerate(processes):
+        line = process.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"worker {task} did not start (pid {process.pid}, exit {process.poll()})")
+    return addresses, processes
+
+
+def _stop(processes) -> None:
+    for process in processes:
+        if process.stdin and not process.stdin.closed:
+            process.stdin.close()
+    deadline = time.monotonic() + 10
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _row(plan: str, n: int) -> dict:
+    addresses, processes = _start_workers(n)
+    try:
+        one = _in_graph(plan, n, f"grpc://{addresses[0]}")
+        for process in processes:
+            process.stdin.write(json.dumps({"plan": plan, "n": n, "steps": FLAGS.steps}) + "\n")
+            process.stdin.flush()
+        hosts = [json.loads(process.stdout.readline()) for process in processes]
+    finally:
+        _stop(processes)
+    return {"plan": plan, "tasks": n, "in_graph": one, "per_host": {
+        "ops": max(h["ops"] for h in hosts), "first_step_s": max(h["first_step_s"] for h in hosts),
+        "build_cpu_s": max(h["build_cpu_s"] for h in hosts), "step_s": max(h["step_s"] for h in hosts)}}
+
+
+def _print(row: dict) -> None:
+    one, hosts = row["in_graph"], row["per_host"]
+    print(f"{row['plan']:<9} {row['tasks']:>3} {one['ops']:>8} {hosts['ops']:>8} {one['first_step_s']:>9.2f} "
+          f"{hosts['first_step_s']:>9.2f} {one['build_cpu_s']:>8.2f} {hosts['build_cpu_s']:>8.2f} "
+          f"{one['step_s'] * 1e3:>8.1f} {hosts['step_s'] * 1e3:>8.1f}", flush=True)
+
+
+def main(argv):
+    reject_arguments(argv)
+    if FLAGS.as_worker >= 0:
+        return worker()
+    print(f"{'':<13} {'ops (largest graph)':>17} {'build+1st step s':>19} {'build CPU s':>17} {'step ms':>17}")
+    print(f"{'plan':<9} {'N':>3} {'in-graph':>8} {'per-host':>8} {'in-graph':>9} {'per-host':>9} {'in-graph':>8} "
+          f"{'per-host':>8} {'in-graph':>8} {'per-host':>8}")
+    rows = []
+    for n in map(int, FLAGS.tasks):
+        for plan in FLAGS.plans:
+            if plan == "hybrid" and n % 2:
+                continue
+            rows.append(_row(plan, n))
+            _print(rows[-1])
+    harness.write_rows(FLAGS.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
