@@ -142,3 +142,38 @@ def test_gpus_of_several_tasks_all_reduce_by_one_collective_with_the_same_keys_i
     assert {tuple(key) for _, *key in launched[0]} == {tuple(key) for _, *key in launched[1]}
     assert launched[0] and all(size == 2 and hint == b"nccl" for _, _, _, size, hint in launched[0])
     assert all(instance >= 2**30 for _, _, instance, _, _ in launched[0])  # apart from the counted keys
+
+
+def test_a_task_talks_only_to_the_tasks_it_exchanges_with():
+    """handle.tasks (this task, then its peers) become the session's device filters: a session of a per-host graph
+    neither waits for nor contacts the cluster's other tasks (TF's session creation waits for ever for a worker
+    that does not answer)."""
+    import models  # pylint: disable=import-outside-toplevel
+
+    spec = models.get_model("mlp", "tiny", hidden=[8, 8, 8], input_dim=8)
+    plan = _plan((0, 0, [(0, 0)]), (1, 1, [(1, 0)]), (2, 3, [(2, 0)]))
+    tasks = {}
+    for task in range(3):
+        with tf.Graph().as_default():
+            features, labels = spec.step_input_fn(8)(tf.constant(0, tf.int64))
+            handle = dapple_tf.build_pipeline(spec.model_fn, features, labels,
+                                              tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                              dapple_tf.PipelineOptions(own_task=_task(task)))
+            tasks[task] = handle.tasks
+            assert list(handle.session_config(tf.compat.v1.ConfigProto()).device_filters) == list(handle.tasks)
+    assert tasks == {0: (_task(0), _task(1)), 1: (_task(1), _task(0), _task(2)), 2: (_task(2), _task(1))}
+
+
+def test_a_peer_that_never_starts_is_named_within_the_timeout():
+    import time  # pylint: disable=import-outside-toplevel
+
+    from dapple_tf.cluster import host_session  # pylint: disable=import-outside-toplevel
+    from dapple_tf.cluster.servers import ClusterError, TFCluster, free_ports  # pylint: disable=C0415
+
+    cluster = TFCluster(tuple(f"127.0.0.1:{p}" for p in free_ports(2)), task_type="worker", task_index=0)
+    began = time.monotonic()
+    with pytest.raises(ClusterError) as raised:
+        host_session.wait_for_peers(cluster, [_task(1)], timeout_s=1.0)
+    assert time.monotonic() - began < 5
+    assert str(raised.value) == (f"after 1 s, tasks this task exchanges with are not up: worker task 1 "
+                                 f"({cluster.workers[1]}): unreachable (Connection refused)")

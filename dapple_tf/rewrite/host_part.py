@@ -56,8 +56,9 @@ class HostPart:
         self._sends: List[tf.Operation] = []
 
     def is_local(self, device: str) -> bool:
-        """True for this task's devices, and for unplaced ("") ones, which its session places on itself."""
-        return not device or task_of(device) == self.task
+        """True for this task's devices, and for those of no job ("", "/device:CPU:0"), which its session places
+        on its own task."""
+        return tf.DeviceSpec.from_string(device).job is None or task_of(device) == self.task
 
     def send(self, key: str, tensor: tf.Tensor, to_device: str) -> tf.Operation:
         """Enqueues `tensor` into queue `key` on another task's device; the op is kept for `sends`."""

@@ -68,6 +68,8 @@ class PipelineHandle:
     global_norm: Optional[tf.Tensor] = None  # with clip_global_norm: the gradients' global norm before clipping
     # per-host graphs: other tasks' variables this task's local_init_op reads, not yet initialized (empty: ready)
     ready_for_local_init_op: Optional[tf.Tensor] = None
+    # per-host graphs: this task, then every other task its steps and initialization run operations on (its peers)
+    tasks: Tuple[str, ...] = ()
 
     def session_config(self, config: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.ConfigProto:
         """The config to run this pipeline with: a copy of `config` (None: the one tf.compat.v1.Session would use,
@@ -88,6 +90,8 @@ class PipelineHandle:
         partitioned = [op for op in self.function_call_ops if op.type != "RemoteCall"]
         if partitioned and not stage_function.needs_function_optimizer(self.train_op.graph, self.function_call_ops):
             rewrite.function_optimization = rewriter_config_pb2.RewriterConfig.OFF
+        if self.tasks and not out.device_filters:  # a per-host graph's session talks to its peers only
+            out.device_filters.extend(self.tasks)
         return out
 
 
@@ -186,8 +190,10 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     step = _reduce_and_apply(graph, builder, copies, keys, optimizer, options, global_step, update_ops,
                              layout.stages[-1].devices[0], model_train.script, host)
     initializer, local_init, broadcast = _initializers(graph, copies, step.slot_pairs, host)
+    train_op = model_train.run_after(host_part.step_op(step.train_op, host, loss_mean))
+    ready = _remote_uninitialized(host, [train_op, local_init]) if host.per_host else None
     return PipelineHandle(
-        train_op=model_train.run_after(host_part.step_op(step.train_op, host, loss_mean)),
+        train_op=train_op,
         loss=loss_mean,
         grads_and_vars=step.grads_and_vars,
         schedule=layout.schedule,
@@ -204,7 +210,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
         function_fallbacks=dict(builder.function_fallbacks),
         function_call_ops=builder.function_call_ops(),
         global_norm=step.global_norm,
-        ready_for_local_init_op=_remote_uninitialized(graph, host) if host.per_host else None,
+        ready_for_local_init_op=ready,
+        tasks=_tasks_used(host, [train_op, initializer, local_init, ready.op]) if host.per_host else (),
     )
 
 
@@ -351,13 +358,20 @@ def _initializers(graph: tf.Graph, copies: VariableCopies, slot_pairs, host):
     return initializer, local_init, broadcast
 
 
-def _remote_uninitialized(graph: tf.Graph, host) -> tf.Tensor:
-    """The names of other tasks' global variables not yet initialized (a per-host graph reads them)."""
-    del graph
-    remote = [v for v in tf.compat.v1.global_variables() if not host.is_local(v.device)]
+def _remote_uninitialized(host, ops: Sequence[tf.Operation]) -> tf.Tensor:
+    """The names of the other tasks' global variables `ops` read that are not yet initialized."""
+    read = set().union(*map(graph_walk.ancestors, ops))
+    remote = [v for v in tf.compat.v1.global_variables() if not host.is_local(v.device) and v.op in read]
     uninitialized = tf.compat.v1.report_uninitialized_variables(remote, name="dapple_remote_uninitialized")
     uninitialized.mark_used()  # a handle's field, fetched by whoever starts the session (host_session.start)
     return uninitialized
+
+
+def _tasks_used(host, ops: Sequence[tf.Operation]) -> Tuple[str, ...]:
+    """host's own task, then the other tasks whose devices run operations `ops` depend on."""
+    used = {host_part.task_of(op.device) for op in set().union(*map(graph_walk.ancestors, ops))
+            if not host.is_local(op.device)}
+    return (host.task,) + tuple(sorted(used - {host.task}))
 
 
 def _after_local_init(copies: VariableCopies, slot_pairs, name: str) -> tf.Operation:

@@ -1,0 +1,30 @@
+"""scripts/bench/per_host_scale.py: one graph for the cluster against one graph per host, on N local worker
+processes; each per-host graph holds fewer operations than the cluster's, and the bench leaves no process behind."""
+
+import json
+import re
+
+import pytest
+
+from tests.programs import run_program
+
+pytestmark = pytest.mark.slow  # ~20 s: two rows, a local cluster of 2 and of 4 workers each
+
+
+def test_rows_side_by_side(tmp_path):
+    out = tmp_path / "rows.json"
+    result = run_program("bench.per_host_scale", "--tasks=2,4", "--plans=straight", "--steps=2", f"--json={out}",
+                         timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    printed = re.findall(r"^straight +(\d+) +(\d+) +(\d+) ", result.stdout, re.M)
+    rows = json.loads(out.read_text())
+    assert [(r["tasks"], r["in_graph"]["ops"], r["per_host"]["ops"]) for r in rows] == \
+        [tuple(map(int, p)) for p in printed] and len(rows) == 2
+    for row in rows:
+        assert row["per_host"]["ops"] < row["in_graph"]["ops"]
+        assert row["per_host"]["first_step_s"] > 0 and row["per_host"]["step_s"] > 0
+    # the cluster's graph grows with its tasks (340 ops each, the issue's figure for data parallelism), a task's
+    # graph by the model's one more layer (every task traces the whole model once) and a stage of its own
+    in_graph_growth = rows[1]["in_graph"]["ops"] - rows[0]["in_graph"]["ops"]
+    per_host_growth = rows[1]["per_host"]["ops"] - rows[0]["per_host"]["ops"]
+    assert per_host_growth < in_graph_growth / 3, rows
