@@ -32,6 +32,38 @@ def gradient_pieces(batch_major: bool, producer_sizes: Sequence[int], start: int
     return microbatch.overlapping_blocks(producer_sizes, start, size)
 
 
+def consumers_reading(batch_major: bool, producer_sizes: Sequence[int], consumer_sizes: Sequence[int], i: int
+                      ) -> List[int]:
+    """The consumer replicas whose `producers_read` includes producer replica i (its inverse, in one pass)."""
+    if not batch_major:
+        return list(range(len(consumer_sizes))) if i == 0 else []
+    producer_starts, consumer_starts = microbatch.offsets(producer_sizes), microbatch.offsets(consumer_sizes)
+    slices = set(zip(producer_starts, producer_sizes))
+    first, end = producer_starts[i], producer_starts[i] + producer_sizes[i]
+    out = []
+    for j, (start, size) in enumerate(zip(consumer_starts, consumer_sizes)):
+        if start < end and first < start + size:
+            if (start, size) not in slices or (start, size) == (first, producer_sizes[i]):
+                out.append(j)
+    return out
+
+
+def gradient_pieces_for(batch_major: bool, producer_sizes: Sequence[int], consumer_sizes: Sequence[int], i: int
+                        ) -> List[Tuple[int, int, int]]:
+    """(consumer replica, first row in producer replica i's slice, rows) of each gradient piece producer replica i
+    gets (the pieces `gradient_pieces` cuts for it, in one pass)."""
+    if not batch_major:
+        return [(j, 0, size) for j, size in enumerate(consumer_sizes)] if i == 0 else []
+    first = microbatch.offsets(producer_sizes)[i]
+    end = first + producer_sizes[i]
+    out = []
+    for j, (start, size) in enumerate(zip(microbatch.offsets(consumer_sizes), consumer_sizes)):
+        lo, hi = max(start, first), min(start + size, end)
+        if lo < hi:
+            out.append((j, lo - first, hi - lo))
+    return out
+
+
 def _pair(name: str, producer: Tuple[int, int], consumer: Tuple[int, int], m: int) -> str:
     return f"{name}/s{producer[0]}r{producer[1]}-s{consumer[0]}r{consumer[1]}/mb{m}"
 

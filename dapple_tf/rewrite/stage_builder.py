@@ -332,13 +332,12 @@ class StageBuilder:
         outputs = self.clones[(s, m, i)].outputs
         for consumer in self.template.stages[s + 1:]:
             c = consumer.stage.index
-            starts = microbatch.offsets(self._sizes[c])
             for ext in consumer.externals:
                 if ext.kind != BOUNDARY or ext.producer_stage != s:
                     continue
-                for j, device in enumerate(consumer.stage.devices):
-                    read = host_boundaries.producers_read(ext.batch_major, self._sizes[s], starts[j], self._sizes[c][j])
-                    if not self.host.is_local(device) and i in read:
+                for j in host_boundaries.consumers_reading(ext.batch_major, self._sizes[s], self._sizes[c], i):
+                    device = consumer.stage.devices[j]
+                    if not self.host.is_local(device):
                         key = host_boundaries.activation_key(ext.tensor.name, (s, i), (c, j), m)
                         self.host.send(key, outputs[ext.tensor.name], device)
 
@@ -571,20 +570,15 @@ class StageBuilder:
         dtype = output.dtype
         for consumer in self.template.stages[s + 1:]:
             c = consumer.stage.index
-            starts = microbatch.offsets(self._sizes[c])
             for ext in self._differentiable_boundary(consumer):
                 if ext.producer_stage != s or ext.tensor.name != name:
                     continue
-                for jc, consumer_device in enumerate(consumer.stage.devices):
-                    if self.host.is_local(consumer_device):
-                        continue
-                    for i, row, count in host_boundaries.gradient_pieces(ext.batch_major, self._sizes[s], starts[jc],
-                                                                         self._sizes[c][jc]):
-                        if i == j:
-                            first_row = starts[jc] + row - microbatch.offsets(self._sizes[s])[j] if ext.batch_major else 0
-                            key = host_boundaries.gradient_key(name, (s, j), (c, jc), m)
-                            shape = self._piece_shape(output.shape, ext.batch_major, self._sizes[s][j], count)
-                            out.setdefault(c, []).append((first_row, jc, self.host.receive(key, dtype, shape, device)))
+                for jc, first_row, count in host_boundaries.gradient_pieces_for(ext.batch_major, self._sizes[s],
+                                                                                self._sizes[c], j):
+                    if not self.host.is_local(consumer.stage.devices[jc]):
+                        key = host_boundaries.gradient_key(name, (s, j), (c, jc), m)
+                        shape = self._piece_shape(output.shape, ext.batch_major, self._sizes[s][j], count)
+                        out.setdefault(c, []).append((first_row, jc, self.host.receive(key, dtype, shape, device)))
                 if not ext.batch_major:
                     self._broadcast_outputs.add((s, name))
         return out

@@ -14,6 +14,14 @@ steady step (median; per host: the slowest worker's). Plans, each with the same 
 - straight: N one-layer stages (the last also holds the loss), one per task, M=4 micro-batches of 16;
 - hybrid: N/2 one-layer stages, each replicated on two tasks, M=4 micro-batches of 32.
 On 2 cores, the N workers of a row share them: their wall times grow with N where their CPU seconds do not.
+
+    python -m scripts.bench.per_host_scale --paper_plan     # no cluster: one task's graph of a 512 x 8 plan
+
+--paper_plan builds, without running it, the per-host graph of chosen tasks for the plan DAPPLE's planner makes for
+BERT-48 (the published profile) on 512 servers of 8 GPUs, global batch 8192 (3 stages of 1024, 1024 and 2048
+replicas, M=2; 220 s of planning, so its shape is given here), on the 50-layer BERT of models.bert at tiny widths
+(operations do not depend on widths), the profile's stage boundaries (layers 0-14, 15-31, 32-52 of 53) mapped to
+layers 0-13, 14-30, 31-49; prints each task's operations and build time beside the one graph's estimate.
 """
 
 import json
@@ -36,6 +44,8 @@ flags.DEFINE_integer("width", 64, "Hidden units per layer.")
 flags.DEFINE_integer("steps", 6, "Steps per run, the first included; the steady step is the median of the rest.")
 flags.DEFINE_integer("cores_per_worker", 0, "Pin worker i to its own cores (0: no pinning).")
 flags.DEFINE_string("json", "", "Also write the rows here.")
+flags.DEFINE_boolean("paper_plan", False, "Build per-host graphs of BERT-48 on 512 x 8 GPUs instead (docstring).")
+flags.DEFINE_list("paper_tasks", ["0", "128", "256"], "With --paper_plan: the tasks whose graphs are built.")
 flags.DEFINE_integer("as_worker", -1, "Internal: run worker task N of --workers.")
 flags.DEFINE_list("workers", [], "Internal: the workers' addresses.")
 
@@ -178,10 +188,43 @@ def _print(row: dict) -> None:
           f"{one['step_s'] * 1e3:>8.1f} {hosts['step_s'] * 1e3:>8.1f}", flush=True)
 
 
+PAPER_STAGES = ((0, 13, 1024), (14, 30, 1024), (31, 49, 2048))  # (first layer, last layer, replicas)
+
+
+def paper_plan() -> int:
+    """Per-host graphs of the planner's BERT-48 plan on 512 x 8 GPUs (module docstring), built, not run."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    import dapple_tf  # pylint: disable=import-outside-toplevel
+    import models  # pylint: disable=import-outside-toplevel
+
+    tf.compat.v1.disable_eager_execution()
+    spec = models.get_model("bert", "tiny", num_layers=48)
+    stages, first_device = [], 0
+    for first, last, replicas in PAPER_STAGES:
+        devices = [f"/job:worker/replica:0/task:{d // 8}/device:GPU:{d % 8}"
+                   for d in range(first_device, first_device + replicas)]
+        stages.append((first, last, devices))
+        first_device += replicas
+    plan = dapple_tf.Plan.from_stages(stages, 2)
+    print(f"BERT-48 (50 layers), 512 x 8 GPUs, stages {[r for _, _, r in PAPER_STAGES]}, M=2, global batch 8192")
+    for task in map(int, FLAGS.paper_tasks):
+        with tf.Graph().as_default() as graph:
+            start = time.perf_counter()
+            features, labels = harness.synthetic_batch(spec, 8192)
+            dapple_tf.build_pipeline(spec.model_fn, features, labels, harness.optimizer("adam"), plan,
+                                     dapple_tf.PipelineOptions(own_task=f"/job:worker/replica:0/task:{task}"))
+            took = time.perf_counter() - start
+        print(f"task {task:>3}: {len(graph.get_operations()):>7} ops, built in {took:.1f} s", flush=True)
+    return 0
+
+
 def main(argv):
     reject_arguments(argv)
     if FLAGS.as_worker >= 0:
         return worker()
+    if FLAGS.paper_plan:
+        return paper_plan()
     print(f"{'':<13} {'ops (largest graph)':>17} {'build+1st step s':>19} {'build CPU s':>17} {'step ms':>17}")
     print(f"{'plan':<9} {'N':>3} {'in-graph':>8} {'per-host':>8} {'in-graph':>9} {'per-host':>9} {'in-graph':>8} "
           f"{'per-host':>8} {'in-graph':>8} {'per-host':>8}")
