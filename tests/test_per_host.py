@@ -144,16 +144,17 @@ def test_gpus_of_several_tasks_all_reduce_by_one_collective_with_the_same_keys_i
     assert all(instance >= 2**30 for _, _, instance, _, _ in launched[0])  # apart from the counted keys
 
 
-def test_a_task_talks_only_to_the_tasks_it_exchanges_with():
-    """handle.tasks (this task, then its peers) become the session's device filters: a session of a per-host graph
-    neither waits for nor contacts the cluster's other tasks (TF's session creation waits for ever for a worker
-    that does not answer)."""
+def test_a_task_talks_only_to_the_tasks_its_graph_names():
+    """handle.tasks (this task, then the tasks its graph places operations on) become the session's device filters:
+    a session of a per-host graph neither waits for nor contacts the cluster's other tasks (TF's session creation
+    waits for ever for a worker that does not answer). Every operation counts, not only those a step runs: a
+    session places its whole graph, and the template sits on every stage's first device."""
     import models  # pylint: disable=import-outside-toplevel
 
     spec = models.get_model("mlp", "tiny", hidden=[8, 8, 8], input_dim=8)
-    plan = _plan((0, 0, [(0, 0)]), (1, 1, [(1, 0)]), (2, 3, [(2, 0)]))
+    plan = _plan((0, 1, [(1, 0)]), (2, 3, [(3, 0), (3, 1)]))  # tasks 0 and 2 of the cluster run nothing of it
     tasks = {}
-    for task in range(3):
+    for task in (1, 3):
         with tf.Graph().as_default():
             features, labels = spec.step_input_fn(8)(tf.constant(0, tf.int64))
             handle = dapple_tf.build_pipeline(spec.model_fn, features, labels,
@@ -161,7 +162,7 @@ def test_a_task_talks_only_to_the_tasks_it_exchanges_with():
                                               dapple_tf.PipelineOptions(own_task=_task(task)))
             tasks[task] = handle.tasks
             assert list(handle.session_config(tf.compat.v1.ConfigProto()).device_filters) == list(handle.tasks)
-    assert tasks == {0: (_task(0), _task(1)), 1: (_task(1), _task(0), _task(2)), 2: (_task(2), _task(1))}
+    assert tasks == {1: (_task(1), _task(3)), 3: (_task(3), _task(1))}
 
 
 def test_a_peer_that_never_starts_is_named_within_the_timeout():

@@ -16,6 +16,8 @@
 7. apply (gradient_transforms.py, gradient_replay.py, apply_step.py, pipeline.py, replicas.py, batch_norm.py,
    summaries.py): clipping and the gradient function (or the script's own transform, replayed), the optimizer's
    step on every copy, UPDATE_OPS once per step, the model's summaries built again on the pipeline.
+Per-host graphs (PipelineOptions.own_task): the same passes over one task's devices, with what crosses to other
+tasks' graphs in shared queues (host_part.py, host_boundaries.py, boundary_exchange.py).
 Analyses the passes consult: normalization.py and sync_batch_norm.py (batch statistics), random_ops.py,
 outputs.py (extra outputs), graph_walk.py.
 """

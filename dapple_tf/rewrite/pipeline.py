@@ -68,7 +68,7 @@ class PipelineHandle:
     global_norm: Optional[tf.Tensor] = None  # with clip_global_norm: the gradients' global norm before clipping
     # per-host graphs: other tasks' variables this task's local_init_op reads, not yet initialized (empty: ready)
     ready_for_local_init_op: Optional[tf.Tensor] = None
-    # per-host graphs: this task, then every other task its steps and initialization run operations on (its peers)
+    # per-host graphs: this task, then every other task the graph places operations on (its peers)
     tasks: Tuple[str, ...] = ()
 
     def session_config(self, config: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.ConfigProto:
@@ -211,7 +211,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
         function_call_ops=builder.function_call_ops(),
         global_norm=step.global_norm,
         ready_for_local_init_op=ready,
-        tasks=_tasks_used(host, [train_op, initializer, local_init, ready.op]) if host.per_host else (),
+        tasks=_tasks_used(host, graph) if host.per_host else (),
     )
 
 
@@ -367,11 +367,12 @@ def _remote_uninitialized(host, ops: Sequence[tf.Operation]) -> tf.Tensor:
     return uninitialized
 
 
-def _tasks_used(host, ops: Sequence[tf.Operation]) -> Tuple[str, ...]:
-    """host's own task, then the other tasks whose devices run operations `ops` depend on."""
-    used = {host_part.task_of(op.device) for op in set().union(*map(graph_walk.ancestors, ops))
-            if not host.is_local(op.device)}
-    return (host.task,) + tuple(sorted(used - {host.task}))
+def _tasks_used(host, graph: tf.Graph) -> Tuple[str, ...]:
+    """host's own task, then the other tasks the graph places operations on. Not only those a step runs
+    operations on: a session places every operation of its graph (the template's too, on its stages' first devices),
+    and one on a task outside its device filters is an error even if it never runs."""
+    used = {host_part.task_of(op.device) for op in graph.get_operations() if not host.is_local(op.device)}
+    return (host.task,) + tuple(sorted(used))
 
 
 def _after_local_init(copies: VariableCopies, slot_pairs, name: str) -> tf.Operation:

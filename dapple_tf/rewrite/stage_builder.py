@@ -26,9 +26,9 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf.rewrite import (collectives, graph_defs as graph_defs_lib, host_boundaries, host_part, microbatch,
-                               outputs as outputs_lib, recompute as recompute_lib, stage_function, sync_batch_norm,
-                               tasks, v1_control_flow)
+from dapple_tf.rewrite import (boundary_exchange, collectives, graph_defs as graph_defs_lib, host_boundaries,
+                               host_part, microbatch, outputs as outputs_lib, recompute as recompute_lib,
+                               stage_function, sync_batch_norm, tasks, v1_control_flow)
 from dapple_tf.errors import DappleError, PlanError
 from dapple_tf.rewrite.gradients import GradientAccumulator
 from dapple_tf.rewrite.layout import PipelineLayout
@@ -130,6 +130,8 @@ class StageBuilder:
         self._rows_per_sample: Dict[Tuple[int, str], int] = {}  # (stage, output name) cut into row ranges -> k
         self._rows_per_sample_unproven: Dict[Tuple[int, str], bool] = {}  # k = 1 taken, checked when the step runs
         self._sizes = [layout.slice_sizes(s) for s in range(len(template.stages))]
+        # what this graph exchanges with other tasks' graphs (per-host graphs; in one graph every replica is local)
+        self.exchange = boundary_exchange.BoundaryExchange(template, self._sizes, self.host)
         self._sync_keys = sync_keys
         self._sync_statistics = sync_statistics
         self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
@@ -214,7 +216,7 @@ class StageBuilder:
                     self.clones[(s, m, j)] = clone
                     if self.host.per_host:
                         with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
-                            self._send_outputs(s, m, j)
+                            self.exchange.send_outputs(s, m, j, clone.outputs)
 
     def _imported_micro_batches(self) -> set:
         """(stage, micro-batch) imported per clone even where the stage is a function: a replicated stage's last
@@ -283,7 +285,8 @@ class StageBuilder:
         if ext.kind == SHAPE:  # read at this clone's slice size
             return tf.constant(self.template.shapes.value(ext.tensor, size), name="shape_value")
         p = ext.producer_stage
-        producers = self._producer_outputs(ext, m, consumer, start, size, device)
+        producers = self.exchange.producer_outputs(ext, m, consumer, start, size, device,
+                                                   lambda i: self.clones[(p, m, i)].outputs[ext.tensor.name])
         same_samples = [i for i, (first, n) in enumerate(zip(microbatch.offsets(self._sizes[p]), self._sizes[p]))
                         if (first, n) == (start, size)]
         if not ext.batch_major:
@@ -300,46 +303,6 @@ class StageBuilder:
         # A tensor of this task's own, so that the gradient w.r.t. it covers only this clone's paths
         # (not a path through another boundary tensor the same producer computed from it).
         return tf.identity(received)
-
-    def _producer_outputs(self, ext, m: int, consumer: Tuple[int, int], start: int, size: int, device: str
-                          ) -> List[tf.Tensor]:
-        """Per replica of ext's producer stage, its clone's tensor (received from another task's graph where that
-        replica is not this task's; None for replicas this consumer replica does not read)."""
-        p, sizes = ext.producer_stage, self._sizes[ext.producer_stage]
-        read = host_boundaries.producers_read(ext.batch_major, sizes, start, size)
-        out = []
-        for i, producer_device in enumerate(self.template.stages[p].stage.devices):
-            if self.host.is_local(producer_device):
-                out.append(self.clones[(p, m, i)].outputs[ext.tensor.name])
-            elif i in read:
-                key = host_boundaries.activation_key(ext.tensor.name, (p, i), consumer, m)
-                out.append(self.host.receive(key, ext.tensor.dtype, self._received_shape(ext, sizes[i]), device))
-            else:
-                out.append(None)
-        return out
-
-    def _received_shape(self, ext, samples: int) -> tf.TensorShape:
-        """A boundary tensor's static shape as the producer replica of `samples` samples makes it, as far as the
-        template tells (its rows where they are proven per sample)."""
-        shape = ext.tensor.shape
-        k = self.template.rows.rows_per_sample(ext.tensor) if ext.batch_major else None
-        if shape.rank and k is not None:
-            shape = tf.TensorShape([samples * k]).concatenate(shape[1:])
-        return shape
-
-    def _send_outputs(self, s: int, m: int, i: int) -> None:
-        """Sends clone (s, m, i)'s boundary tensors to the consumer replicas on other tasks that read them."""
-        outputs = self.clones[(s, m, i)].outputs
-        for consumer in self.template.stages[s + 1:]:
-            c = consumer.stage.index
-            for ext in consumer.externals:
-                if ext.kind != BOUNDARY or ext.producer_stage != s:
-                    continue
-                for j in host_boundaries.consumers_reading(ext.batch_major, self._sizes[s], self._sizes[c], i):
-                    device = consumer.stage.devices[j]
-                    if not self.host.is_local(device):
-                        key = host_boundaries.activation_key(ext.tensor.name, (s, i), (c, j), m)
-                        self.host.send(key, outputs[ext.tensor.name], device)
 
     def _row_blocks(self, ext, p: int, producers: List[tf.Tensor]) -> int:
         """Rows per sample of a batch-major boundary tensor cut into row ranges: proven from its ops
@@ -365,20 +328,7 @@ class StageBuilder:
         sent there when it is not (then the list is empty)."""
         if not self.host.per_host:
             return self.weighted_losses
-        loss_stage = next(st for st in self.template.stages if st.loss is not None)
-        terms = []
-        for m in range(self.layout.num_micro_batches):
-            for j, replica_device in enumerate(loss_stage.stage.devices):
-                key = host_boundaries.loss_key(j, m)
-                if self.host.is_local(replica_device):
-                    term = self._weighted_losses[(m, j)]
-                    if self.host.is_local(device):
-                        terms.append(term)
-                    else:
-                        self.host.send(key, term, device)
-                elif self.host.is_local(device):
-                    terms.append(self.host.receive(key, loss_stage.loss.dtype, tf.TensorShape([]), device))
-        return terms
+        return self.exchange.loss_terms(self._weighted_losses, self.layout.num_micro_batches, device)
 
     def variable_devices(self) -> Dict[tf.Variable, Tuple[str, ...]]:
         """Per trainable variable this graph holds a gradient of, every device of the cluster that accumulates
@@ -562,41 +512,17 @@ class StageBuilder:
             pieces.append(piece)
         return pieces
 
-    def _remote_grad_pieces(self, s: int, m: int, j: int, name: str, device: str):
-        """{consumer stage: [(first row, consumer replica, piece)]} of the gradient pieces of clone (s, m, j)'s
-        output `name` that consumer replicas on other tasks send (received here)."""
-        out = {}
-        output = self.clones[(s, m, j)].outputs[name]
-        dtype = output.dtype
-        for consumer in self.template.stages[s + 1:]:
-            c = consumer.stage.index
-            for ext in self._differentiable_boundary(consumer):
-                if ext.producer_stage != s or ext.tensor.name != name:
-                    continue
-                for jc, first_row, count in host_boundaries.gradient_pieces_for(ext.batch_major, self._sizes[s],
-                                                                                self._sizes[c], j):
-                    if not self.host.is_local(consumer.stage.devices[jc]):
-                        key = host_boundaries.gradient_key(name, (s, j), (c, jc), m)
-                        shape = self._piece_shape(output.shape, ext.batch_major, self._sizes[s][j], count)
-                        out.setdefault(c, []).append((first_row, jc, self.host.receive(key, dtype, shape, device)))
-                if not ext.batch_major:
-                    self._broadcast_outputs.add((s, name))
-        return out
-
-    @staticmethod
-    def _piece_shape(shape: tf.TensorShape, batch_major: bool, samples: int, count: int) -> tf.TensorShape:
-        """The static shape of a gradient piece of `count` of the `samples` samples of an output of `shape`."""
-        rows = tf.compat.dimension_value(shape[0]) if shape.rank else None
-        if not batch_major or count == samples or rows is None:
-            return shape if not batch_major or count == samples else tf.TensorShape(None)
-        return tf.TensorShape([rows // samples * count]).concatenate(shape[1:])
-
     def _gather_output_grad(self, s: int, m: int, j: int, name: str):
         per_consumer = dict(self._grad_pieces.get((s, m, j, name), {}))
         if self.host.per_host:
             device = self.template.stages[s].stage.devices[j]
-            for c, pieces in self._remote_grad_pieces(s, m, j, name, device).items():
+            output = self.clones[(s, m, j)].outputs[name]
+            received = self.exchange.remote_gradient_pieces(s, m, j, output, name, device, self._differentiable_boundary)
+            for c, pieces in received.items():
                 per_consumer[c] = per_consumer.get(c, []) + pieces
+            if any(not e.batch_major for st in self.template.stages[s + 1:] for e in st.externals
+                   if e.kind == BOUNDARY and e.producer_stage == s and e.tensor.name == name):
+                self._broadcast_outputs.add((s, name))
         if not per_consumer:
             return None
         sums = []

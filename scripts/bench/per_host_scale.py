@@ -108,13 +108,19 @@ def worker() -> int:
     print("ready", flush=True)
     for line in sys.stdin:
         request = json.loads(line)
-        with tf.Graph().as_default() as graph:
-            start = time.perf_counter()
-            handle, build_cpu = _build(request["plan"], request["n"], f"/job:worker/replica:0/task:{FLAGS.as_worker}")
-            with tf.compat.v1.Session(server.target, config=handle.session_config(session_config(TIMEOUT_S))) as sess:
-                host_session.start(sess, handle, TIMEOUT_S)
-                row = _run(sess, handle, start, request["steps"])
-        print(json.dumps(dict(row, ops=len(graph.get_operations()), build_cpu_s=build_cpu)), flush=True)
+        try:
+            with tf.Graph().as_default() as graph:
+                start = time.perf_counter()
+                handle, build_cpu = _build(request["plan"], request["n"],
+                                           f"/job:worker/replica:0/task:{FLAGS.as_worker}")
+                config = handle.session_config(session_config(TIMEOUT_S))
+                with tf.compat.v1.Session(server.target, config=config) as sess:
+                    host_session.start(sess, handle, TIMEOUT_S)
+                    row = _run(sess, handle, start, request["steps"])
+            print(json.dumps(dict(row, ops=len(graph.get_operations()), build_cpu_s=build_cpu)), flush=True)
+        except Exception as e:  # pylint: disable=broad-except  # the chief names the task and its error
+            message = [l for l in getattr(e, "message", str(e)).strip().splitlines() if l.strip() and "error:" not in l.lower()[:30]]
+            print(json.dumps({"error": f"{type(e).__name__}: {message[0] if message else ''}"}), flush=True)
     return 0
 
 
@@ -173,9 +179,12 @@ def _row(plan: str, n: int) -> dict:
         for process in processes:
             process.stdin.write(json.dumps({"plan": plan, "n": n, "steps": FLAGS.steps}) + "\n")
             process.stdin.flush()
-        hosts = [json.loads(process.stdout.readline()) for process in processes]
+        hosts = [json.loads(process.stdout.readline() or '{"error": "exited"}') for process in processes]
     finally:
         _stop(processes)
+    failed = [f"worker {task}: {h['error']}" for task, h in enumerate(hosts) if "error" in h]
+    if failed:
+        raise RuntimeError(f"{plan} on {n} tasks, per host: " + "; ".join(failed))
     return {"plan": plan, "tasks": n, "in_graph": one, "per_host": {
         "ops": max(h["ops"] for h in hosts), "first_step_s": max(h["first_step_s"] for h in hosts),
         "build_cpu_s": max(h["build_cpu_s"] for h in hosts), "step_s": max(h["step_s"] for h in hosts)}}

@@ -1,0 +1,109 @@
+"""The tensors a per-host graph exchanges with other tasks' graphs at stage boundaries: activations a consumer
+replica receives and its producer sends, gradient pieces a producer receives, and the loss terms summed on the
+loss's device (host_boundaries.py pairs the replicas, host_part.py moves the tensors). StageBuilder asks it while
+it builds this task's clones; every method is also what the other task's graph computes for the same pair.
+"""
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from dapple_tf.rewrite import host_boundaries
+from dapple_tf.rewrite.template import BOUNDARY, Template
+
+
+class BoundaryExchange:
+    """Stage boundaries between this task's clones and other tasks'; see the module docstring."""
+
+    def __init__(self, template: Template, sizes: Sequence[Sequence[int]], host):
+        """sizes: per stage, its replicas' slice sizes of a micro-batch; host: host_part.HostPart (or InGraph: every
+        replica is local, nothing is sent or received)."""
+        self.template, self.sizes, self.host = template, sizes, host
+
+    def producer_outputs(self, ext, m: int, consumer: Tuple[int, int], start: int, size: int, device: str,
+                         local_output: Callable[[int], tf.Tensor]) -> List[Optional[tf.Tensor]]:
+        """Per replica of ext's producer stage, what consumer replica `consumer` (stage, replica) of rows
+        [start, start + size) reads of it: local_output(i) for this task's replicas, the received tensor for those
+        of other tasks it reads, None for the rest."""
+        p, sizes = ext.producer_stage, self.sizes[ext.producer_stage]
+        read = host_boundaries.producers_read(ext.batch_major, sizes, start, size)
+        out = []
+        for i, producer_device in enumerate(self.template.stages[p].stage.devices):
+            if self.host.is_local(producer_device):
+                out.append(local_output(i))
+            elif i in read:
+                key = host_boundaries.activation_key(ext.tensor.name, (p, i), consumer, m)
+                out.append(self.host.receive(key, ext.tensor.dtype, self._received_shape(ext, sizes[i]), device))
+            else:
+                out.append(None)
+        return out
+
+    def _received_shape(self, ext, samples: int) -> tf.TensorShape:
+        """A boundary tensor's static shape as the producer replica of `samples` samples makes it, as far as the
+        template tells (its rows where they are proven per sample)."""
+        shape = ext.tensor.shape
+        k = self.template.rows.rows_per_sample(ext.tensor) if ext.batch_major else None
+        if shape.rank and k is not None:
+            shape = tf.TensorShape([samples * k]).concatenate(shape[1:])
+        return shape
+
+    def send_outputs(self, s: int, m: int, i: int, outputs: Dict[str, tf.Tensor]) -> None:
+        """Sends clone (s, m, i)'s boundary tensors to the consumer replicas on other tasks that read them."""
+        for consumer in self.template.stages[s + 1:]:
+            c = consumer.stage.index
+            for ext in consumer.externals:
+                if ext.kind != BOUNDARY or ext.producer_stage != s:
+                    continue
+                for j in host_boundaries.consumers_reading(ext.batch_major, self.sizes[s], self.sizes[c], i):
+                    device = consumer.stage.devices[j]
+                    if not self.host.is_local(device):
+                        key = host_boundaries.activation_key(ext.tensor.name, (s, i), (c, j), m)
+                        self.host.send(key, outputs[ext.tensor.name], device)
+
+    def remote_gradient_pieces(self, s: int, m: int, j: int, output: tf.Tensor, name: str, device: str,
+                               differentiable: Callable) -> Dict[int, List[Tuple[int, int, tf.Tensor]]]:
+        """{consumer stage: [(first row, consumer replica, piece)]} of the gradient pieces of clone (s, m, j)'s
+        output `name` that consumer replicas on other tasks send, received here; `differentiable(stage)`: the
+        stage's boundary inputs that get gradients (StageBuilder's)."""
+        out: Dict[int, List[Tuple[int, int, tf.Tensor]]] = {}
+        for consumer in self.template.stages[s + 1:]:
+            c = consumer.stage.index
+            for ext in differentiable(consumer):
+                if ext.producer_stage != s or ext.tensor.name != name:
+                    continue
+                for jc, first_row, count in host_boundaries.gradient_pieces_for(ext.batch_major, self.sizes[s],
+                                                                                self.sizes[c], j):
+                    if not self.host.is_local(consumer.stage.devices[jc]):
+                        key = host_boundaries.gradient_key(name, (s, j), (c, jc), m)
+                        shape = _piece_shape(output.shape, ext.batch_major, self.sizes[s][j], count)
+                        piece = self.host.receive(key, output.dtype, shape, device)
+                        out.setdefault(c, []).append((first_row, jc, piece))
+        return out
+
+    def loss_terms(self, weighted: Dict[Tuple[int, int], tf.Tensor], num_micro_batches: int, device: str
+                   ) -> List[tf.Tensor]:
+        """Every clone's weighted loss in (micro-batch, replica) order on `device` when it is this task's (those of
+        other tasks' replicas received); else this task's are sent there and the list is empty."""
+        loss_stage = next(st for st in self.template.stages if st.loss is not None)
+        terms = []
+        for m in range(num_micro_batches):
+            for j, replica_device in enumerate(loss_stage.stage.devices):
+                key = host_boundaries.loss_key(j, m)
+                if self.host.is_local(replica_device):
+                    if self.host.is_local(device):
+                        terms.append(weighted[(m, j)])
+                    else:
+                        self.host.send(key, weighted[(m, j)], device)
+                elif self.host.is_local(device):
+                    terms.append(self.host.receive(key, loss_stage.loss.dtype, tf.TensorShape([]), device))
+        return terms
+
+
+def _piece_shape(shape: tf.TensorShape, batch_major: bool, samples: int, count: int) -> tf.TensorShape:
+    """The static shape of a gradient piece of `count` of the `samples` samples of an output of `shape`."""
+    if not batch_major or count == samples:
+        return shape
+    rows = tf.compat.dimension_value(shape[0]) if shape.rank else None
+    if rows is None:
+        return tf.TensorShape(None)
+    return tf.TensorShape([rows // samples * count]).concatenate(shape[1:])
