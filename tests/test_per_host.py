@@ -176,7 +176,7 @@ def test_a_peer_that_never_starts_is_named_within_the_timeout():
     with pytest.raises(ClusterError) as raised:
         host_session.wait_for_peers(cluster, [_task(1)], timeout_s=1.0)
     assert time.monotonic() - began < 5
-    assert str(raised.value) == (f"after 1 s, tasks this task exchanges with are not up: worker task 1 "
+    assert str(raised.value) == (f"after waiting 1 s, these worker tasks are not up: worker task 1 "
                                  f"({cluster.workers[1]}): unreachable (Connection refused)")
 
 

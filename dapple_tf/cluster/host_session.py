@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from dapple_tf.cluster.servers import ClusterError, TFCluster, probe_task
+from dapple_tf.cluster.servers import ClusterError, TFCluster, wait_for_workers
 from dapple_tf.rewrite.host_part import task_of
 
 
@@ -44,17 +44,8 @@ def start(session: tf.compat.v1.Session, handle, timeout_s: float, cluster: Opti
 
 def wait_for_peers(cluster: TFCluster, tasks, timeout_s: float, poll_s: float = 0.1) -> None:
     """Waits until the worker tasks `tasks` ("/job:worker/replica:0/task:K") answer; raises ClusterError naming
-    those that do not after `timeout_s`."""
-    indices = [tf.DeviceSpec.from_string(t).task for t in tasks]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        down = {i: why for i in indices if (why := probe_task(cluster.workers[i], timeout_s=min(3.0, timeout_s)))}
-        if not down:
-            return
-        if time.monotonic() >= deadline:
-            names = "; ".join(f"{cluster.describe_task(i)}: {why}" for i, why in down.items())
-            raise ClusterError(f"after {timeout_s:g} s, tasks this task exchanges with are not up: {names}")
-        time.sleep(poll_s)
+    those that do not after `timeout_s` (servers.wait_for_workers on those tasks)."""
+    wait_for_workers(cluster, timeout_s, poll_s, tasks=[tf.DeviceSpec.from_string(t).task for t in tasks])
 
 
 def _by_task(graph: tf.Graph, names: List[str]) -> Dict[str, List[str]]:

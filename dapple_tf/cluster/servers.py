@@ -240,11 +240,14 @@ def probe_task(address: str, timeout_s: float = 3.0) -> Optional[str]:
     return None
 
 
-def wait_for_workers(cluster: TFCluster, timeout_s: float, poll_s: float = 0.5) -> None:
-    """Waits until every worker task answers, or raises ClusterError naming those that do not."""
+def wait_for_workers(cluster: TFCluster, timeout_s: float, poll_s: float = 0.5,
+                     tasks: Optional[Sequence[int]] = None) -> None:
+    """Waits until every worker task (or those of index `tasks`) answers, or raises ClusterError naming those that
+    do not."""
+    indices = range(len(cluster.workers)) if tasks is None else tasks
     deadline = time.monotonic() + timeout_s
     while True:
-        down = {i: probe_task(a, timeout_s=min(3.0, max(0.5, timeout_s))) for i, a in enumerate(cluster.workers)}
+        down = {i: probe_task(cluster.workers[i], timeout_s=min(3.0, max(0.5, timeout_s))) for i in indices}
         down = {i: why for i, why in down.items() if why}
         if not down:
             return
