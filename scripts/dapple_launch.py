@@ -5,8 +5,12 @@ Three ways:
       starts 3 worker servers on loopback (separate processes, 2 virtual CPU devices each, in a private
       network namespace), runs the command as the chief against them with TF_CONFIG set, prefixes every
       line with its task, and stops every process when the chief ends, a worker dies, or on Ctrl-C.
+  dapple_launch --cluster=local:2x1 --per_host -- dapple_train --plan=plan.json ...
+      runs the command in every worker task instead, with no chief: each task starts its own server and
+      builds only its own part of the training graph (per-host graphs).
   dapple_launch --tf_config [-- COMMAND]
-      runs this host's role from TF_CONFIG: a worker serves until its chief ends; the chief runs COMMAND
+      runs this host's role from TF_CONFIG: a worker serves until its chief ends, or, given COMMAND, runs it
+      (per-host training); the chief runs COMMAND
       and, when TF_CONFIG names its address ("cluster": {"chief": ["host:port"]}), tells the workers
       there that it is alive, so that they exit when it ends or dies (dapple_tf/cluster/chief_lease.py).
   dapple_launch --emit=k8s|slurm --cluster=FILE --image=IMAGE -- dapple_train ...
@@ -29,7 +33,8 @@ from scripts.cli import run_main
 FLAGS = flags.FLAGS
 flags.DEFINE_string("cluster", None, "local:TASKSxDEVICES to start a local cluster; with --emit, the cluster "
                     "description (dapple_plan's --cluster: a preset or a file).")
-flags.DEFINE_boolean("tf_config", False, "Run this host's role from TF_CONFIG (worker: serve; chief: run COMMAND).")
+flags.DEFINE_boolean("tf_config", False, "Run this host's role from TF_CONFIG (worker: serve, or run COMMAND per host; chief: "
+                     "run COMMAND).")
 flags.DEFINE_integer("virtual_devices", 0, "With --tf_config on a worker: split its CPU into this many devices.")
 flags.DEFINE_enum("emit", None, ["k8s", "slurm"], "Write a job spec instead of running.")
 flags.DEFINE_enum("k8s_kind", "pods", ["pods", "tfjob"], "With --emit=k8s: plain pods + Service, or a Kubeflow TFJob.")
@@ -40,6 +45,8 @@ flags.DEFINE_integer("max_restarts", 3, "With --emit: how often a failed job is 
                      "plain Kubernetes pods restart until the chief succeeds.")
 flags.DEFINE_string("output", None, "With --emit: where to write the spec (default: stdout).")
 flags.DEFINE_boolean("isolate_network", True, "Local clusters run in a private network namespace (loopback only).")
+flags.DEFINE_boolean("per_host", False, "Local cluster or --emit: run the command in every worker task (each builds "
+                     "only its own part of the training graph: per-host graphs) instead of in one chief.")
 flags.DEFINE_float("grace", 10, "After a worker dies, how long the chief gets to stop by itself (s): its watchdog "
                    "ends it within seconds of a task's process ending.")
 flags.DEFINE_float("failure_timeout", 30, "With --tf_config on a worker: exit when the chief sent nothing for this "
@@ -71,12 +78,12 @@ def main(argv):
             failure_timeout_s=FLAGS.failure_timeout))
     if FLAGS.emit:
         spec = roles.JobSpecSettings(kind=FLAGS.emit, name=FLAGS.name, image=FLAGS.image, port=FLAGS.port,
-                                     k8s_kind=FLAGS.k8s_kind, max_restarts=FLAGS.max_restarts)
+                                     k8s_kind=FLAGS.k8s_kind, max_restarts=FLAGS.max_restarts, per_host=FLAGS.per_host)
         return roles.emit_spec(FLAGS.cluster, command, spec, FLAGS.output)
     return roles.launch_local_cluster(FLAGS.cluster, command, sys.argv[1:], isolate_network=FLAGS.isolate_network,
                                       grace_s=FLAGS.grace, cores_per_worker=FLAGS.cores_per_worker,
                                       intra_op_threads=FLAGS.intra_op_threads,
-                                      inter_op_threads=FLAGS.inter_op_threads)
+                                      inter_op_threads=FLAGS.inter_op_threads, per_host=FLAGS.per_host)
 
 
 def run():

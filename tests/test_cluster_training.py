@@ -4,13 +4,10 @@ hand from TF_CONFIG ends the job within seconds naming what died, leaves no proc
 the restarts end with the weights of an uninterrupted run."""
 
 import os
-import queue
 import random
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -20,7 +17,8 @@ import tensorflow as tf
 from dapple_tf.cluster.servers import TFCluster, free_ports
 from planner.formats.cluster import local_task_cluster
 from planner.formats import plan_pb2, write_message
-from tests.programs import ROOT, run_program
+from tests.launch_harness import Launch, pid_of, running_pids
+from tests.programs import run_program
 
 pytestmark = pytest.mark.slow
 RESUME_STEPS = 40
@@ -35,7 +33,7 @@ def test_three_process_cluster_2_1_3_matches_single_device_both_schedules():
         assert float(line.split("max_rel_diff=")[1].split()[0]) < 1e-5, line
     # every task's lines are prefixed, and nothing is left running
     assert "[worker 2] worker task 2 serving at 127.0.0.1:" in result.stdout
-    assert _running_pids(result.stdout) == []
+    assert running_pids(result.stdout) == []
 
 
 def test_issue_example_plans_for_the_launched_cluster(tmp_path):
@@ -72,71 +70,9 @@ def _train_args(plan, model_dir, steps, log_every=5):
             "--save_checkpoints_steps=5", f"--log_every={log_every}", "--summary_every=0", "--failure_timeout=20"]
 
 
-class _Launch:
-    """dapple_launch in the background, its output lines in a queue."""
-
-    def __init__(self, *args, tf_config=None):
-        env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-        if tf_config:
-            env["TF_CONFIG"] = tf_config
-        self.popen = subprocess.Popen([sys.executable, "-m", "scripts.dapple_launch", *args], cwd=ROOT, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines, self._queue = [], queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self):
-        for line in self.popen.stdout:
-            self._queue.put(line.rstrip("\n"))
-
-    def wait_for(self, predicate, timeout):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=1)
-            except queue.Empty:
-                continue
-            self.lines.append(line)
-            if predicate(line):
-                return line
-        raise AssertionError("not seen in time; output:\n" + "\n".join(self.lines[-40:]))
-
-    def finish(self, timeout):
-        code = self.popen.wait(timeout)
-        time.sleep(0.5)
-        while not self._queue.empty():
-            self.lines.append(self._queue.get())
-        return code, "\n".join(self.lines)
-
-
-def _running_pids(output, wait_s=5.0):
-    """The processes named "(pid N" in the output that are still running after `wait_s` (a process killed
-    by PR_SET_PDEATHSIG takes a moment to go), with what `ps` says about them."""
-    pids = [int(part.split(")")[0].split(",")[0]) for part in output.split("(pid ")[1:]]
-    deadline = time.monotonic() + wait_s
-    while True:
-        running = []
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-                running.append(pid)
-            except ProcessLookupError:
-                pass
-        if not running or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    if not running:
-        return []
-    ps = subprocess.run(["ps", "-o", "pid,stat,args", "-p", ",".join(map(str, running))], capture_output=True, text=True)
-    return [ps.stdout]
-
-
 def _weights(model_dir):
     reader = tf.train.load_checkpoint(str(model_dir))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map() if "global_step" not in name}
-
-
-def _pid_of(line):
-    return int(line.split("(pid ")[1].split(")")[0].split(",")[0])
 
 
 def _kill_and_finish(launch, role, rng, start_step, steps):
@@ -152,7 +88,7 @@ def _kill_and_finish(launch, role, rng, start_step, steps):
     assert target < steps - 5, "more kills than steps to kill them in"
     launch.wait_for(lambda text: text.startswith("[chief] step ") and int(text.split()[2].split("/")[0]) >= target,
                     300)
-    os.kill(_pid_of(line), signal.SIGKILL)
+    os.kill(pid_of(line), signal.SIGKILL)
     killed_at = time.monotonic()
     code, output = launch.finish(timeout=120)
     assert code != 0, output
@@ -172,7 +108,7 @@ def test_kill_restart_loop_ends_with_the_weights_of_an_uninterrupted_run(tmp_pat
     killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
     rng, start = random.Random(22), 0
     for role in ("worker 1", "chief", "worker 0"):
-        launch = _Launch("--cluster=local:3x2", *_train_args(plan, killed_dir, RESUME_STEPS, log_every=1))
+        launch = Launch("--cluster=local:3x2", *_train_args(plan, killed_dir, RESUME_STEPS, log_every=1))
         elapsed, output, address = _kill_and_finish(launch, role, rng, start, RESUME_STEPS)
         assert elapsed < 30, output
         assert _resumed_step(output) == start, output
@@ -186,7 +122,7 @@ def test_kill_restart_loop_ends_with_the_weights_of_an_uninterrupted_run(tmp_pat
             error = next(line for line in output.splitlines() if line.startswith("[chief] error: "))
             assert f"worker task {task} ({address}) is unreachable" in error and "To resume" in error, error
         assert "to resume from the last checkpoint, run the same command again" in output
-        assert _running_pids(output) == []
+        assert running_pids(output) == []
         start = int(tf.train.latest_checkpoint(str(killed_dir)).rsplit("-", 1)[1]) if tf.train.latest_checkpoint(
             str(killed_dir)) else 0
 
@@ -208,10 +144,10 @@ def _start_by_hand(plan, model_dir):
     listen on every interface here: loopback ports of this machine)."""
     *ports, chief_port = free_ports(3)
     cluster = TFCluster(tuple(f"127.0.0.1:{p}" for p in ports), chief=f"127.0.0.1:{chief_port}")
-    workers = [_Launch("--tf_config", "--virtual_devices=3", tf_config=cluster.tf_config("worker", i)) for i in (0, 1)]
+    workers = [Launch("--tf_config", "--virtual_devices=3", tf_config=cluster.tf_config("worker", i)) for i in (0, 1)]
     for i, worker in enumerate(workers):
         worker.wait_for(lambda text: text.startswith(f"worker task {i} serving at"), 120)
-    chief = _Launch("--tf_config", *_train_args(_two_task_plan(plan), model_dir, 100000, log_every=1),
+    chief = Launch("--tf_config", *_train_args(_two_task_plan(plan), model_dir, 100000, log_every=1),
                     tf_config=cluster.tf_config("chief"))
     return cluster, workers, chief
 
@@ -230,7 +166,7 @@ def _two_task_plan(path):
 def _assert_nothing_left(cluster, launches):
     for launch in launches:
         assert launch.popen.poll() is not None
-        assert _running_pids("\n".join(launch.lines)) == []
+        assert running_pids("\n".join(launch.lines)) == []
     for address in cluster.workers + (cluster.chief,):
         host, port = address.split(":")
         with socket.socket() as probe:
@@ -268,13 +204,13 @@ def test_tasks_started_by_hand_end_together_whichever_dies(tmp_path, victim):
         assert (f"worker task {other} ({cluster.workers[other]}): the chief ({cluster.chief}) ended with exit code 1: "
                 "exiting") in output
         workers[dead].finish(timeout=5)
-    assert _running_pids(command) == []
+    assert running_pids(command) == []
     _assert_nothing_left(cluster, workers + [chief])
 
 
 def test_stopped_master_is_a_bounded_error_naming_the_task(tmp_path):
     plan = _plan_file(tmp_path / "plan.json")
-    launch = _Launch("--cluster=local:3x2", "--grace=60",
+    launch = Launch("--cluster=local:3x2", "--grace=60",
                      *(_train_args(plan, tmp_path / "m", 100000)[:-1] + ["--failure_timeout=5"]))
     worker = launch.wait_for(lambda line: line.startswith("dapple_launch: worker task 0 at"), 120)
     address, pid = worker.split(" at ")[1].split()[0], int(worker.split("(pid ")[1].split(",")[0])
@@ -290,15 +226,15 @@ def test_stopped_master_is_a_bounded_error_naming_the_task(tmp_path):
     assert code != 0
     assert elapsed < 5 + 30, output  # the failure timeout plus probing, not forever
     assert f"worker task 0 ({address}) is not answering within" in error, error
-    assert _running_pids(output) == []
+    assert running_pids(output) == []
 
 
 def test_ctrl_c_stops_every_process(tmp_path):
     plan = _plan_file(tmp_path / "plan.json")
-    launch = _Launch("--cluster=local:3x2", *_train_args(plan, tmp_path / "m", 100000))
+    launch = Launch("--cluster=local:3x2", *_train_args(plan, tmp_path / "m", 100000))
     launch.wait_for(lambda line: line.startswith("[chief] step 5/"), 300)
     launch.popen.send_signal(signal.SIGINT)
     code, output = launch.finish(timeout=60)
     assert code == 128 + signal.SIGINT, output
     assert "dapple_launch: SIGINT: stopping every task" in output
-    assert _running_pids(output) == []
+    assert running_pids(output) == []

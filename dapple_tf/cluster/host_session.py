@@ -9,7 +9,7 @@ worker that never answers.
 """
 
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -18,13 +18,17 @@ from dapple_tf.rewrite.host_part import task_of
 
 
 def start(session: tf.compat.v1.Session, handle, timeout_s: float, cluster: Optional[TFCluster] = None,
-          poll_s: float = 0.1) -> None:
-    """Waits for the peer tasks (with `cluster`), runs handle.initializer, waits until the other tasks' variables
-    are initialized, runs handle.local_init_op. Raises ClusterError naming the tasks that do not answer, or whose
-    variables are still uninitialized, after `timeout_s`."""
+          poll_s: float = 0.1, initialize: Optional[Callable[[], None]] = None) -> None:
+    """Waits for the peer tasks (with `cluster`), runs handle.initializer (or `initialize()`: a restore of this
+    task's variables), waits until the other tasks' variables are initialized, runs handle.local_init_op. Raises
+    ClusterError naming the tasks that do not answer, or whose variables are still uninitialized, after
+    `timeout_s`."""
     if cluster is not None:
         wait_for_peers(cluster, handle.tasks[1:], timeout_s, poll_s)
-    session.run(handle.initializer)
+    if initialize is None:
+        session.run(handle.initializer)
+    else:
+        initialize()
     deadline = time.monotonic() + timeout_s
     while True:
         try:

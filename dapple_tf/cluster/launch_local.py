@@ -79,11 +79,11 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def run_child(args: Sequence[str]) -> int:
+def run_child(args: Sequence[str], role: str = "chief") -> int:
     """Runs a command that dies with this process, passes SIGINT/SIGTERM on to it, and returns its exit code
     (128 + N when signal N ended it)."""
     child = subprocess.Popen(list(args), preexec_fn=_die_with_parent)
-    print(f"dapple_launch: chief command (pid {child.pid}): {' '.join(args)}", flush=True)
+    print(f"dapple_launch: {role} command (pid {child.pid}): {' '.join(args)}", flush=True)
 
     def forward(signum, frame):
         del frame
@@ -173,33 +173,40 @@ def worker_placement(num_tasks: int, cores_per_worker: int, log=print) -> List[T
     return [worker_cores(i, cores_per_worker) for i in range(num_tasks)]
 
 
-def _supervise(cluster, chief: "_Process", workers: List["_Process"], stopping: list, grace_s: float, log) -> int:
-    """Waits for the chief to end, a signal (in `stopping`), or a worker to die and the chief not to stop within
-    `grace_s`; returns dapple_launch's exit code."""
+def _supervise(cluster, chief: Optional["_Process"], workers: List["_Process"], stopping: list, grace_s: float,
+               log) -> int:
+    """Waits for the job to end: the chief (with no chief, per-host training: every worker task), a signal (in
+    `stopping`), or a worker's failure and the others not stopping within `grace_s` of it (their watchdogs end them
+    within seconds); returns dapple_launch's exit code."""
     failed_at = None
     while True:
-        code = chief.poll()
+        codes = [w.poll() for w in workers]
+        code = chief.poll() if chief else None
         if code is not None:
             if code < 0:
                 log(f"dapple_launch: the chief ({cluster.chief}) {describe_exit(code)}")
             return 1 if failed_at is not None or code < 0 else code
+        if chief is None and all(c is not None for c in codes):
+            return 1 if any(codes) else 0
         if stopping:
             log(f"dapple_launch: {signal.Signals(stopping[0]).name}: stopping every task")
             return 128 + stopping[0]
-        dead = [(i, w.poll()) for i, w in enumerate(workers) if w.poll() not in (None, 0)]  # 0: chief finished
+        dead = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]  # 0: finished (its chief, or its command)
         if dead and failed_at is None:
-            for i, code in dead:
-                log(f"dapple_launch: worker task {i} ({cluster.workers[i]}) {describe_exit(code)}")
+            for i, c in dead:
+                log(f"dapple_launch: worker task {i} ({cluster.workers[i]}) {describe_exit(c)}")
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
-            log(f"dapple_launch: the chief did not stop within {grace_s:g} s of the failure: stopping it")
+            who = "the chief" if chief else "the other tasks"
+            log(f"dapple_launch: {who} did not stop within {grace_s:g} s of the failure: stopping every task")
             return 1
         time.sleep(0.1)
 
 
 def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], grace_s: float = 10.0,
-              log=print, cores_per_worker: int = 0, threads=None) -> int:
-    """Runs the local cluster and the chief command; returns the exit code for dapple_launch.
+              log=print, cores_per_worker: int = 0, threads=None, per_host: bool = False) -> int:
+    """Runs the local cluster and the chief command (`per_host`: the command in every worker task, and no chief);
+    returns the exit code for dapple_launch.
 
     cores_per_worker > 0 pins worker i to its own cores (dapple_tf.cluster.servers.worker_cores); threads (a
     dapple_tf.cluster.servers.WorkerThreads) sizes each worker's thread pools (default: WorkerThreads.for_cores).
@@ -211,7 +218,7 @@ def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], gra
 
     command_line(command)  # a bad command fails before anything starts
     *ports, chief_port = free_ports(num_tasks + 1)
-    cluster = TFCluster(tuple(f"127.0.0.1:{p}" for p in ports), chief=f"127.0.0.1:{chief_port}")
+    cluster = TFCluster(tuple(f"127.0.0.1:{p}" for p in ports), chief=None if per_host else f"127.0.0.1:{chief_port}")
     chief_args = [sys.executable, "-m", "scripts.dapple_launch", "--tf_config", "--", *command]
     base_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPU_ALLOCATOR_USE_BFC="true")
     base_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -229,11 +236,15 @@ def run_local(num_tasks: int, devices_per_task: int, command: Sequence[str], gra
             env = dict(base_env, TF_CONFIG=cluster.tf_config("worker", i))
             args = [sys.executable, "-m", "scripts.dapple_launch", "--tf_config", f"--virtual_devices={devices_per_task}",
                     f"--intra_op_threads={threads.intra_op}", f"--inter_op_threads={threads.inter_op}"]
+            args += ["--", *command] if per_host else []
             workers.append(_Process(f"worker {i}", args, env, placement[i]))
             pinned = f", cores {list(placement[i])}" if placement[i] else ""
             log(f"dapple_launch: worker task {i} at {cluster.workers[i]} (pid {workers[-1].popen.pid}, "
                 f"{devices_per_task} virtual CPU devices{pinned}, threads intra {threads.intra_op} "
                 f"inter {threads.inter_op})")
+        if per_host:
+            log(f"dapple_launch: every worker task runs: {' '.join(command)}")
+            return _supervise(cluster, None, workers, stopping, grace_s, log)
         chief = _Process("chief", chief_args, dict(base_env, TF_CONFIG=cluster.tf_config("chief", 0)))
         log(f"dapple_launch: chief (pid {chief.popen.pid}): {' '.join(command)}")
         return _supervise(cluster, chief, workers, stopping, grace_s, log)

@@ -1,14 +1,18 @@
 """dapple_launch's three ways to run, as functions of plain arguments: a host's role from TF_CONFIG
-(`serve_or_run`: a worker serves until its chief ends, the chief runs its command under a lease), a
+(`serve_or_run`: a worker serves until its chief ends, or runs the command itself (per-host training); the chief
+runs its command under a lease), a
 job spec for a cluster file (`emit_spec`), and a local cluster on loopback (`launch_local_cluster`).
 """
 
 import dataclasses
+import json
 import os
 import sys
 import threading
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
+# how a worker task running a command (per-host training) is told its server's devices and threads
+WORKER_SERVER_ENV = "DAPPLE_WORKER_SERVER"
 RESUME_HINT = ("dapple_launch: training did not finish; to resume from the last checkpoint, run the same command "
                "again (dapple_train continues from the latest checkpoint in its --model_dir)")
 
@@ -53,8 +57,28 @@ def serve_or_run(command: Sequence[str], settings: WorkerSettings) -> int:
     if cluster.task_type == "chief":
         return run_chief(cluster, command)
     if command:
-        raise ValueError(f"a worker task runs no command, got: {' '.join(command)}")
+        return run_per_host(command, settings)
     return serve(cluster, settings)
+
+
+def run_per_host(command: Sequence[str], settings: WorkerSettings) -> int:
+    """A worker task with a command runs it: per-host training, where the command (dapple_train) starts this
+    task's server itself, with the settings passed in WORKER_SERVER_ENV, and builds only this task's part."""
+    from dapple_tf.cluster.launch_local import command_line, run_child
+
+    threads = worker_threads(pinned_cores(), settings.intra_op_threads, settings.inter_op_threads)
+    os.environ[WORKER_SERVER_ENV] = json.dumps({"virtual_devices": settings.virtual_devices,
+                                                "intra_op": threads.intra_op, "inter_op": threads.inter_op})
+    return run_child(command_line(command), role="worker task's")
+
+
+def server_settings() -> Tuple[Optional[int], "WorkerThreads"]:
+    """(virtual CPU devices or None, WorkerThreads) for a per-host task's own server, from WORKER_SERVER_ENV."""
+    from dapple_tf.cluster.servers import WorkerThreads
+
+    settings = json.loads(os.environ.get(WORKER_SERVER_ENV) or "{}")
+    threads = WorkerThreads(settings.get("intra_op", 0), settings.get("inter_op", 0))
+    return settings.get("virtual_devices") or None, threads
 
 
 def run_chief(cluster, command: Sequence[str]) -> int:
@@ -113,6 +137,7 @@ class JobSpecSettings:
     port: int = 2222
     k8s_kind: str = "pods"
     max_restarts: int = 3
+    per_host: bool = False  # every worker task runs the command (per-host training), no chief
 
 
 def emit_spec(cluster_name: Optional[str], command: Sequence[str], spec: JobSpecSettings,
@@ -134,14 +159,15 @@ def emit_spec(cluster_name: Optional[str], command: Sequence[str], spec: JobSpec
         if not spec.image:
             raise ValueError("--emit=k8s needs --image (a container image with dapple_tf installed)")
         text = job_specs.kubernetes(spec.name, spec.image, cluster.num_servers, gpus, command, spec.port,
-                                    spec.k8s_kind, cpu_devices, spec.max_restarts)
+                                    spec.k8s_kind, cpu_devices, spec.max_restarts, spec.per_host)
     else:
         text = job_specs.slurm(spec.name, cluster.num_servers, gpus, command, spec.port, cpu_devices,
-                               spec.max_restarts)
+                               spec.max_restarts, spec.per_host)
     if output:
         with open(output, "w") as f:
             f.write(text)
-        print(f"wrote {output}: {cluster.num_servers} worker tasks and a chief")
+        print(f"wrote {output}: {cluster.num_servers} worker tasks"
+              + (", each running the command (per host)" if spec.per_host else " and a chief"))
     else:
         sys.stdout.write(text)
     return 0
@@ -149,9 +175,11 @@ def emit_spec(cluster_name: Optional[str], command: Sequence[str], spec: JobSpec
 
 def launch_local_cluster(local_spec: str, command: Sequence[str], argv: Sequence[str], isolate_network: bool = True,
                          grace_s: float = 10.0, cores_per_worker: Optional[int] = None,
-                         intra_op_threads: Optional[int] = None, inter_op_threads: Optional[int] = None) -> int:
-    """Runs `command` as the chief of a local cluster `local:TASKSxDEVICES`; `argv` (this program's arguments)
-    re-runs it in a private network namespace when `isolate_network`. Returns the chief's exit code."""
+                         intra_op_threads: Optional[int] = None, inter_op_threads: Optional[int] = None,
+                         per_host: bool = False) -> int:
+    """Runs `command` as the chief of a local cluster `local:TASKSxDEVICES` (`per_host`: in every worker task
+    instead); `argv` (this program's arguments) re-runs it in a private network namespace when
+    `isolate_network`. Returns the chief's exit code (per host: 0 when every task's is)."""
     from planner.formats.cluster import parse_local_tasks
     from dapple_tf.cluster import launch_local
     from dapple_tf.cluster.servers import usable_cores
@@ -162,7 +190,8 @@ def launch_local_cluster(local_spec: str, command: Sequence[str], argv: Sequence
         launch_local.reexec_in_private_network(argv)
     cores = launch_local.default_cores_per_worker(tasks) if cores_per_worker is None else cores_per_worker
     threads = worker_threads(min(cores, len(usable_cores())), intra_op_threads, inter_op_threads)
-    code = launch_local.run_local(tasks, devices, command, grace_s=grace_s, cores_per_worker=cores, threads=threads)
+    code = launch_local.run_local(tasks, devices, command, grace_s=grace_s, cores_per_worker=cores, threads=threads,
+                                  per_host=per_host)
     if code:
         print(RESUME_HINT, file=sys.stderr, flush=True)
     return code

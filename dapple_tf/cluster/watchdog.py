@@ -41,6 +41,10 @@ class TaskWatchdog:
         self._thread.join(timeout=self.probe_timeout_s * len(self.cluster.workers) + self.interval_s)
         return False
 
+    def stop(self) -> None:
+        """From now on no lost task ends the process (tasks that finished training may leave)."""
+        self._stop.set()
+
     def lost(self, now: float) -> Dict[int, str]:
         """Probes every task once; returns the tasks now considered lost, with why."""
         lost = {}

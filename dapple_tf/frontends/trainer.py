@@ -34,12 +34,13 @@ import tensorflow as tf
 
 from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.model import inputs
+from dapple_tf.frontends import host_training
 from dapple_tf.cluster.servers import ClusterError, TFCluster, failed_tasks, session_config
 from dapple_tf.errors import DappleError
 from dapple_tf.model import minimize as minimize_lib
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.rewrite import outputs as outputs_lib
-from dapple_tf.rewrite.pipeline import build_pipeline
+from dapple_tf.rewrite.pipeline import as_plan, build_pipeline
 from dapple_tf.trace.step_stats import peak_bytes_per_device
 from dapple_tf.trace.hook import TraceHook
 from dapple_tf.cluster.watchdog import TaskWatchdog
@@ -129,6 +130,11 @@ class Trainer:
         """Trains until the global step reaches `steps` (a resumed run continues to the same total)."""
         if steps < 1:
             raise DappleError(f"steps must be >= 1, got {steps}")
+        per_host = None
+        if host_training.is_per_host(self.cluster):
+            host_training.check_supported(self.options, self.horovod)
+            per_host = host_training.HostTraining(self.cluster, self.model_dir, self.options)
+            per_host.check_plan(as_plan(self.plan).devices)
         graph = tf.Graph()
         with graph.as_default():
             if self.options.seed is not None:
@@ -140,29 +146,28 @@ class Trainer:
                 handle = self.horovod.build(model_fn, features, labels, self._optimizer(),
                                             global_step=global_step, layers=self.layers, options=self.pipeline_options)
             else:
-                handle = build_pipeline(model_fn, features, labels, self._optimizer(), self.plan,
-                                        self.pipeline_options, global_step=global_step, layers=self.layers)
-            model_summaries = tf.compat.v1.summary.merge_all()  # the model's own (rebuilt on the pipeline)
-            eval_loss = self._eval_loss(graph, global_step) if self.eval_input_fn else None
+                options = per_host.pipeline_options(self.pipeline_options) if per_host else self.pipeline_options
+                handle = build_pipeline(model_fn, features, labels, self._optimizer(), self.plan, options,
+                                        global_step=global_step, layers=self.layers)
+            lead = per_host is None or handle.loss is not None  # per host: the loss's task logs and summarizes
+            log = self.log if lead else (lambda text: None)
+            model_summaries = tf.compat.v1.summary.merge_all() if lead else None  # the model's own, rebuilt
+            eval_loss = self._eval_loss(graph, global_step) if self.eval_input_fn and not per_host else None
             batch = _batch_size(features)
-            saver = tf.compat.v1.train.Saver(max_to_keep=self.options.keep_checkpoints)
-            scaffold = tf.compat.v1.train.Scaffold(saver=saver, local_init_op=handle.local_init_op)
-            progress = _ProgressHook(handle.loss, global_step, batch, steps, self.model_dir, self.options,
-                                     eval_loss, self.log, model_summaries)
+            progress = _ProgressHook(handle.loss, global_step, batch, steps, self.model_dir if lead else None,
+                                     self.options, eval_loss, log, model_summaries)
             hooks = [tf.compat.v1.train.StopAtStepHook(last_step=steps), progress] + self.hooks
-            if self.horovod is not None:
-                hooks.insert(0, self.horovod.broadcast_hook(handle))  # before any hook reads a variable
-            if self.options.trace_path:
-                hooks.append(TraceHook(self.options.trace_path, handle, self.options.trace_step, self.simulated,
-                                       self.log))
-            if self.model_dir and (self.options.save_checkpoints_steps or self.options.save_checkpoints_secs):
-                hooks.append(tf.compat.v1.train.CheckpointSaverHook(
-                    self.model_dir, save_steps=self.options.save_checkpoints_steps or None,
-                    save_secs=self.options.save_checkpoints_secs or None, saver=saver))
+            if per_host:
+                per_host.prepare(handle, log)
+                scaffold, master, checkpoint_dir = per_host.scaffold(), per_host.master, None
+                hooks += per_host.hooks(global_step)
+            else:
+                scaffold, checkpoint_dir = self._scaffold_and_hooks(handle, hooks), self.model_dir
+                master = self.cluster.target if self.cluster else ""
             try:
-                with self._watchdog(progress), tf.compat.v1.train.SingularMonitoredSession(
-                    hooks=hooks, scaffold=scaffold, master=self.cluster.target if self.cluster else "",
-                    config=handle.session_config(self._session_config()), checkpoint_dir=self.model_dir,
+                with self._watchdog(progress) as watchdog, tf.compat.v1.train.SingularMonitoredSession(
+                    hooks=hooks, scaffold=scaffold, master=master,
+                    config=handle.session_config(self._session_config()), checkpoint_dir=checkpoint_dir,
                 ) as sess:
                     checked = False
                     while not sess.should_stop():
@@ -170,11 +175,28 @@ class Trainer:
                         if not checked:
                             _check_step_advanced(sess.raw_session().run(global_step), progress.first_step)
                             checked = True
+                    if per_host:
+                        per_host.finish(sess.raw_session(), progress.step, watchdog)
             except CLUSTER_FAILURES as e:
                 raise self._failure(e, progress) from None
             finally:
                 progress.close()
         return TrainResult(progress.step, progress.last_loss, progress.first_step, progress.last_eval)
+
+    def _scaffold_and_hooks(self, handle, hooks) -> tf.compat.v1.train.Scaffold:
+        """The one graph's Scaffold (restore, init, local init); adds Horovod's broadcast, the trace and the
+        checkpoint hooks to `hooks`."""
+        saver = tf.compat.v1.train.Saver(max_to_keep=self.options.keep_checkpoints)
+        if self.horovod is not None:
+            hooks.insert(0, self.horovod.broadcast_hook(handle))  # before any hook reads a variable
+        if self.options.trace_path:
+            hooks.append(TraceHook(self.options.trace_path, handle, self.options.trace_step, self.simulated,
+                                   self.log))
+        if self.model_dir and (self.options.save_checkpoints_steps or self.options.save_checkpoints_secs):
+            hooks.append(tf.compat.v1.train.CheckpointSaverHook(
+                self.model_dir, save_steps=self.options.save_checkpoints_steps or None,
+                save_secs=self.options.save_checkpoints_secs or None, saver=saver))
+        return tf.compat.v1.train.Scaffold(saver=saver, local_init_op=handle.local_init_op)
 
     def _eval_loss(self, graph: tf.Graph, global_step) -> tf.Tensor:
         """The loss of model_fn on held-out data, single-device, with the trained variables."""
@@ -277,14 +299,14 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
         options = None
         if self._trace_next:
             options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        fetches = {"loss": self._loss, "step": self._global_step}
+        fetches = {"step": self._global_step, **({"loss": self._loss} if self._loss is not None else {})}
         if self._writer and every and (self.step + 1) % every == 0 and self._model_summaries is not None:
             fetches["summary"] = self._model_summaries
         return tf.compat.v1.train.SessionRunArgs(fetches, options=options)
 
     def after_run(self, run_context, run_values):
         elapsed = time.perf_counter() - self._started
-        self.last_loss = float(run_values.results["loss"])
+        self.last_loss = float(run_values.results.get("loss", float("nan")))
         self.step += 1  # the global step after this one's apply (the fetched value is read before it)
         self._window_steps += 1
         scalars: Dict[str, float] = {"loss": self.last_loss, "step_time_ms": elapsed * 1e3,

@@ -89,24 +89,34 @@ def _place_unplaced(created: Sequence[tf.Operation]) -> None:
 
 
 def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf.Operation,
-          applied_before: bool = False) -> AppliedStep:
+          applied_before: bool = False, remote_users: Sequence[tf.Variable] = ()) -> AppliedStep:
     """optimizer.apply_gradients(apply_pairs) after `after`; see the module docstring. `applied_before`: the
     script's own apply_gradients already ran on the user's variables in the template (script_training.py), so
     their slots exist: an optimizer making them with get_variable gets them again (AUTO_REUSE), as slot_creator's
-    do by itself."""
+    do by itself. `remote_users` (per-host graphs): other tasks' variables whose copies this graph applies; a second
+    call, never run, makes their slots here under the names their own task gives them, so that the copies' slots
+    pair with them (and are set from them after a restore) as in the one graph."""
     graph = after.graph
+    with tf.control_dependencies(None):
+        remote_pairs = []
+        for user in remote_users:
+            with tf.device(user.device):
+                remote_pairs.append((tf.zeros(user.shape, user.dtype.base_dtype), user))
     first = len(graph.get_operations())
     reuse = tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=tf.compat.v1.AUTO_REUSE) \
         if applied_before else contextlib.nullcontext()
     with tf.control_dependencies([after]), reuse:
         apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
+        if remote_pairs:
+            with tf.name_scope("dapple_remote_slots"):
+                optimizer.apply_gradients(remote_pairs)
     created_list = graph.get_operations()[first:]
     created = set(created_list)
     _place_unplaced(created_list)
     writes = _writes(created_list)
     cones = {copy: sorted(graph_walk.ancestors_within(writes.get(_handle_op(copy), []), created, control=False),
                           key=lambda op: op._id)  # creation order  # pylint: disable=protected-access
-             for _, copy in apply_pairs}
+             for _, copy in list(apply_pairs) + remote_pairs}
     return AppliedStep(apply_op, _check_and_pair(cones, copies, graph, type(optimizer).__name__))
 
 

@@ -336,8 +336,11 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     apply_pairs, norm = gradient_transforms.transform(
         grads_and_vars, apply_pairs, copies.copies_of, options.clip_global_norm, options.gradient_fn, norm_device,
         sparse_squares, tf.compat.v1.trainable_variables(), script.flow if script else None)
+    applied_variables = {v for _, v in apply_pairs}
+    remote_users = [user for user, copy in copies.extra_copies()
+                    if copy in applied_variables and host is not None and not host.is_local(user.device)]
     applied = apply_step.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check,
-                               applied_before=script is not None)
+                               applied_before=script is not None, remote_users=remote_users)
     train_op = tf.group(applied.apply_op, *update_ops, name="dapple_train") if update_ops else applied.apply_op
     return _Step(train_op, grads_and_vars, allreduce_op_names, applied.slot_pairs, norm)
 

@@ -52,12 +52,14 @@ class _Where:
     """Where the run trains: a TF cluster (and its devices), this process's session config, or Horovod."""
 
     cluster: object = None
+    server: object = None  # per-host training: this task's own server
     devices: Optional[tuple] = None
     config: object = None
     horovod: object = None
 
     def describe(self, num_devices: int) -> str:
         where = f"{len(self.cluster.workers)} worker tasks" if self.cluster else f"{num_devices} virtual CPU devices"
+        where += f" (this is task {self.cluster.task_index}, building its own part)" if self.server else ""
         return f"{self.horovod.size} Horovod processes x {where}" if self.horovod else where
 
 
@@ -193,9 +195,8 @@ def connect(s: TrainSettings) -> _Where:
         from dapple_tf.cluster.servers import TFCluster, cluster_devices, wait_for_workers
 
         where.cluster = TFCluster.from_tf_config()
-        if where.cluster.task_type != "chief":
-            raise ValueError(f"dapple_train runs as the chief; TF_CONFIG says this task is "
-                             f"{where.cluster.task_type!r} (workers run `dapple_launch --tf_config`)")
+        if where.cluster.task_type == "worker":
+            where.server = start_own_server(s, where.cluster)
         print(f"waiting for {len(where.cluster.workers)} worker tasks: {', '.join(where.cluster.workers)}", flush=True)
         wait_for_workers(where.cluster, s.worker_wait_timeout)
         where.devices = cluster_devices(where.cluster, s.worker_wait_timeout)
@@ -206,6 +207,23 @@ def connect(s: TrainSettings) -> _Where:
         split_cpu(s.num_devices)
         where.config = tf.compat.v1.ConfigProto(device_count={"CPU": s.num_devices})
     return where
+
+
+def start_own_server(s: TrainSettings, cluster):
+    """Per-host training (TF_CONFIG makes this process a worker task): this task's server, in this process, with the
+    devices and threads dapple_launch passed (roles.WORKER_SERVER_ENV)."""
+    from dapple_tf.cluster.roles import server_settings
+    from dapple_tf.cluster.servers import start_server
+
+    if not s.plan:
+        raise ValueError("training per host (TF_CONFIG names this process worker task "
+                         f"{cluster.task_index}) needs --plan: every task must build its part of the same plan "
+                         "(write one with dapple_plan)")
+    devices, threads = server_settings()
+    server = start_server(cluster, devices, threads)
+    print(f"worker task {cluster.task_index} serving at {cluster.workers[cluster.task_index]}; building its own part "
+          "of the training graph (per host)", flush=True)
+    return server
 
 
 def global_batch_size(s: TrainSettings, horovod=None) -> int:
@@ -271,7 +289,7 @@ def train(s: TrainSettings) -> int:
     result = trainer.train(s.steps)
     if not lead:
         return 0
-    print(f"done: step {result.step}, loss {result.loss:.6f}"
+    print(f"done: step {result.step}" + (f", loss {result.loss:.6f}" if result.loss == result.loss else "")
           + (f", resumed from step {result.first_step}" if result.first_step else "")
           + (f"; checkpoints in {s.model_dir}" if s.model_dir else ""), flush=True)
     return 0

@@ -1,0 +1,105 @@
+"""Small messages between the sessions of per-host graphs (PipelineOptions.own_task): what each task tells the
+others outside the training step.
+
+- `exchange_texts`: every task gives every other one text, once, in a graph of its own (before the training graph
+  is finalized: what the texts say can still shape it).
+- `PartTokens`: tasks 1.. tell task 0 that they finished something for a step (wrote their part of a checkpoint).
+- `FinishBarrier`: no task leaves before every task has finished its last step: a task's server ends with its
+  process, and the others may still need it until then.
+
+Each is a FIFOQueue with a shared name on the receiving task's first CPU, as host_part.py's boundary queues are.
+"""
+
+import json
+from typing import Dict, Sequence
+
+import tensorflow as tf
+
+from dapple_tf.cluster.servers import ClusterError, TFCluster, session_config
+
+
+def queue_device(task: int) -> str:
+    return f"/job:worker/replica:0/task:{task}/device:CPU:0"
+
+
+def _queue(name: str, at_task: int, dtype, capacity: int, sender=None) -> tf.queue.FIFOQueue:
+    """Queue `name` on task `at_task` (one per sender too, when given)."""
+    key = f"dapple/{name}/{at_task}" + ("" if sender is None else f"/from/{sender}")
+    with tf.device(queue_device(at_task)), tf.name_scope("dapple/host_signals"):
+        return tf.queue.FIFOQueue(capacity, [dtype], shapes=[[]], shared_name=key, name=name)
+
+
+def exchange_texts(cluster: TFCluster, tasks: Sequence[int], text: str, timeout_s: float) -> Dict[int, str]:
+    """Sends `text` to every other task of `tasks` and returns every task's text (this one's included), by task.
+    Raises ClusterError naming the tasks that sent nothing within `timeout_s`."""
+    own = cluster.task_index
+    others = [t for t in tasks if t != own]
+    texts = {own: text}
+    if not others:
+        return texts
+    config = session_config(timeout_s)
+    config.device_filters.extend(f"/job:worker/replica:0/task:{t}" for t in tasks)
+    with tf.Graph().as_default():
+        sends = [_queue("exchange", t, tf.string, len(tasks)).enqueue(json.dumps([own, text])) for t in others]
+        received = _queue("exchange", own, tf.string, len(tasks)).dequeue()
+        with tf.compat.v1.Session(f"grpc://{cluster.workers[own]}", config=config) as sess:
+            sess.run(sends)
+            try:
+                for _ in others:
+                    sender, sent = json.loads(sess.run(received).decode())
+                    texts[sender] = sent
+            except tf.errors.DeadlineExceededError:
+                missing = [cluster.describe_task(t) for t in others if t not in texts]
+                raise ClusterError(f"after {timeout_s:g} s, {', '.join(missing)} sent nothing: is every task of "
+                                   "the cluster running this program?") from None
+    return texts
+
+
+class PartTokens:
+    """Tasks 1.. enqueue a step number on task 0 (`send`); task 0 takes one from each (`take`)."""
+
+    def __init__(self, own: int, tasks: Sequence[int]):
+        self.own, self.tasks = own, list(tasks)
+        self._step = tf.compat.v1.placeholder(tf.int64, [], name="dapple/host_signals/part_step")
+        if own == self.tasks[0]:
+            self._take = {t: _queue("part_written", own, tf.int64, 4, sender=t).dequeue() for t in self.tasks[1:]}
+        else:
+            self._send = _queue("part_written", self.tasks[0], tf.int64, 4, sender=own).enqueue(self._step)
+
+    def send(self, session, step: int) -> None:
+        session.run(self._send, {self._step: step})
+
+    def take(self, session, step: int, what: str) -> None:
+        """Waits for every other task's token; raises ClusterError naming a task that sent another step or none."""
+        for task, token in self._take.items():
+            try:
+                got = int(session.run(token))
+            except tf.errors.DeadlineExceededError:
+                raise ClusterError(f"worker task {task} did not finish {what} of step {step} in time") from None
+            if got != step:
+                raise ClusterError(f"worker task {task} finished {what} of step {got}, task {self.tasks[0]} of "
+                                   f"step {step}: the tasks are not training the same steps")
+
+
+class FinishBarrier:
+    """Every task enqueues its index on every other task, then takes one from each of them."""
+
+    def __init__(self, own: int, tasks: Sequence[int]):
+        self.own, self.others = own, [t for t in tasks if t != own]
+        with tf.control_dependencies(None):
+            own_queue = _queue("finished", own, tf.int32, len(tasks))
+            self._sends = [_queue("finished", t, tf.int32, len(tasks)).enqueue(own) for t in self.others]
+            self._take = own_queue.dequeue()
+
+    def wait(self, session, timeout_s: float) -> None:
+        """Raises ClusterError naming the tasks that did not finish within `timeout_s`."""
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_s * 1000))
+        session.run(self._sends, options=options)
+        finished = set()
+        try:
+            for _ in self.others:
+                finished.add(int(session.run(self._take, options=options)))
+        except tf.errors.DeadlineExceededError:
+            missing = [f"worker task {t}" for t in self.others if t not in finished]
+            raise ClusterError(f"{', '.join(missing)} did not finish training within {timeout_s:g} s of worker "
+                               f"task {self.own}") from None

@@ -1,0 +1,119 @@
+"""The Trainer on per-host graphs: when TF_CONFIG makes this process a worker task, every task of the cluster runs
+the same training program, starts its own server and builds only its own part of the pipeline
+(PipelineOptions.own_task). What that changes in the Trainer's loop is here:
+
+- the session is on this task's own server, and starts by restoring this task's variables from the latest
+  checkpoint (or initializing them), then waits for the other tasks' variables it copies (host_session.start);
+- checkpoints are written in parts and merged by task 0 (host_checkpoint.py), at every `save_checkpoints_steps`
+  global steps (the same steps on every task) and at the end;
+- the task that sums the loss logs progress and writes the summaries; the others are quiet;
+- at the end no task leaves before every task has finished (host_signals.FinishBarrier): a task's server ends with
+  its process. A task that is lost before then ends every other within the failure timeout, naming it (the
+  Trainer's watchdog, which runs in every task).
+"""
+
+import dataclasses
+from typing import List, Optional
+
+import tensorflow as tf
+
+from dapple_tf.cluster import host_checkpoint, host_session, host_signals
+from dapple_tf.cluster.servers import ClusterError, TFCluster
+from dapple_tf.errors import DappleError
+from dapple_tf.rewrite.host_part import task_of
+
+
+def is_per_host(cluster: Optional[TFCluster]) -> bool:
+    """A worker task trains per host; the chief (today's in-graph client) builds the whole cluster's graph."""
+    return cluster is not None and cluster.task_type == "worker"
+
+
+def check_supported(options, horovod) -> None:
+    """Refuses what per-host training does not do yet, by name."""
+    refused = []
+    if options.save_checkpoints_secs:
+        refused.append("save_checkpoints_secs (the tasks must save at the same steps: use save_checkpoints_steps)")
+    if options.eval_every:
+        refused.append("held-out evaluation (eval_every)")
+    if options.trace_path:
+        refused.append("a traced step (trace_path)")
+    if horovod is not None:
+        refused.append("Horovod")
+    if refused:
+        raise DappleError(f"training per host (TF_CONFIG names this process a worker task) does not support "
+                          f"{'; '.join(refused)} yet: run dapple_train as the chief (one graph for the cluster)")
+
+
+class HostTraining:
+    """One task's side of the Trainer's per-host loop; see the module docstring."""
+
+    def __init__(self, cluster: TFCluster, model_dir: Optional[str], options):
+        self.cluster, self.model_dir, self.options = cluster, model_dir, options
+        self.own_task = f"/job:worker/replica:0/task:{cluster.task_index}"
+        self.checkpoints: Optional[host_checkpoint.HostCheckpoints] = None
+        self.handle = None
+        self.log = print
+
+    @property
+    def master(self) -> str:
+        return f"grpc://{self.cluster.workers[self.cluster.task_index]}"
+
+    def check_plan(self, plan_devices) -> None:
+        """Every worker task of TF_CONFIG must run a part of the plan, and the plan no task TF_CONFIG lacks."""
+        planned = sorted({tf.DeviceSpec.from_string(d).task or 0 for d in plan_devices})
+        if planned != list(range(len(self.cluster.workers))):
+            raise ClusterError(f"TF_CONFIG names {len(self.cluster.workers)} worker tasks, the plan runs on tasks "
+                               f"{planned}: training per host needs one task for each of the plan's tasks (plan for "
+                               "this cluster, or launch as many tasks as the plan has)")
+
+    def pipeline_options(self, options):
+        return dataclasses.replace(options, own_task=self.own_task)
+
+    def prepare(self, handle, log) -> None:
+        """After build_pipeline, before the graph is finalized: waits for the other tasks, agrees with them which
+        task saves which variable, and builds the end's barrier."""
+        self.handle, self.log = handle, log
+        tasks = sorted(tf.DeviceSpec.from_string(t).task for t in handle.tasks)
+        host_session.wait_for_peers(self.cluster, handle.tasks[1:], self.options.worker_wait_s)
+        if self.model_dir:
+            graph = handle.train_op.graph
+            held = host_checkpoint.held_variables(graph, lambda d: not _job(d) or task_of(d) == self.own_task)
+            self.checkpoints = host_checkpoint.HostCheckpoints(
+                self.cluster, tasks, held, host_checkpoint.written_variables(handle.train_op, held), self.model_dir,
+                self.options.keep_checkpoints, self.options.worker_wait_s)
+        with tf.control_dependencies(None):
+            self._barrier = host_signals.FinishBarrier(self.cluster.task_index, tasks)
+
+    def scaffold(self) -> tf.compat.v1.train.Scaffold:
+        """Starts the session as host_session.start does, restoring this task's variables when there is a
+        checkpoint; the readiness checks are host_session.start's."""
+        ready = tf.constant([], tf.string)
+        saver = self.checkpoints.restore_saver if self.checkpoints else None
+
+        def start(scaffold, session):
+            del scaffold
+            path = self.checkpoints.latest() if self.checkpoints else None
+            initialize = (lambda: self.checkpoints.restore(session, path)) if path else None
+            host_session.start(session, self.handle, self.options.worker_wait_s, self.cluster, initialize=initialize)
+
+        return tf.compat.v1.train.Scaffold(init_op=tf.no_op(), init_fn=start, ready_op=ready,
+                                           ready_for_local_init_op=ready, local_init_op=tf.no_op(), saver=saver)
+
+    def hooks(self, global_step) -> List[tf.compat.v1.train.SessionRunHook]:
+        if not self.checkpoints or not self.options.save_checkpoints_steps:
+            return []
+        return [host_checkpoint.CheckpointHook(self.checkpoints, global_step, self.options.save_checkpoints_steps)]
+
+    def finish(self, session, step: int, watchdog) -> None:
+        """The last checkpoint, then the wait for every task to finish."""
+        if self.checkpoints:
+            self.checkpoints.save(session, step)
+        if watchdog is not None:
+            watchdog.stop()  # the tasks that finish first may leave once the barrier lets them
+        self._barrier.wait(session, self.options.failure_timeout_s)
+        if self.checkpoints:
+            self.checkpoints.tidy()
+
+
+def _job(device: str) -> Optional[str]:
+    return tf.DeviceSpec.from_string(device).job

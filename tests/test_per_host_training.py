@@ -1,0 +1,185 @@
+"""Per-host training through the programs (issue 46): `dapple_launch --per_host` runs dapple_train in every worker
+task, each building only its own part. Its checkpoints are the one graph's, bit for bit and name for name (each
+resumes the other's), a killed task ends the job naming it, a TF_CONFIG that disagrees with the plan is an error
+naming both; and the pieces: which task saves which variable, and the job specs."""
+
+import json
+import os
+import shutil
+import signal
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+from dapple_tf.cluster import host_checkpoint, job_specs
+from planner.formats import plan_pb2, write_message
+from planner.formats.cluster import local_task_cluster
+from tests.launch_harness import Launch, pid_of, running_pids
+from tests.programs import run_program
+
+
+def _plan_file(path, tasks, devices, stages):
+    """A plan of the tiny MLP (layers dense_0, dense_1, head) over local:TASKSxDEVICES; stages: (first, last,
+    device ids)."""
+    plan = plan_pb2.Plan(model_name="mlp", planner="manual", global_batch_size=24, num_micro_batches=2,
+                         micro_batch_size=12, schedule=plan_pb2.DAPPLE)
+    plan.cluster.CopyFrom(local_task_cluster(tasks, devices, memory_bytes=1e9))
+    names = ["dense_0", "dense_1", "head"]
+    for first, last, ids in stages:
+        plan.stages.add(first_layer=first, last_layer=last, layer_names=names[first:last + 1], device_ids=ids)
+    write_message(plan, str(path))
+    return str(path)
+
+
+def _train(cluster, plan, model_dir, steps, *flags):
+    result = run_program("dapple_launch", f"--cluster={cluster}", *flags, "--", "dapple_train", "--model=mlp",
+                         f"--plan={plan}", f"--steps={steps}", f"--model_dir={model_dir}", "--optimizer=adam",
+                         "--save_checkpoints_steps=3", "--log_every=3", "--summary_every=3", timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def _point_at(model_dir):
+    """The checkpoint state of a copied model_dir names the copy's files (it names absolute paths)."""
+    state = tf.train.get_checkpoint_state(str(model_dir))
+    paths = [str(model_dir / os.path.basename(p)) for p in state.all_model_checkpoint_paths]
+    tf.compat.v1.train.update_checkpoint_state(str(model_dir), paths[-1], paths)
+
+
+def _checkpoint(path):
+    reader = tf.train.load_checkpoint(str(path))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def _assert_same(a, b, exact=True):
+    assert sorted(a) == sorted(b)
+    assert "dense_0/fc_kernel/Adam" in a and "beta1_power" in a  # the optimizer's state, its per-task copies once
+    for name in a:
+        if exact:
+            assert np.array_equal(a[name], b[name]), name
+        else:
+            np.testing.assert_allclose(a[name], b[name], rtol=2e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.slow
+def test_per_host_checkpoints_are_the_one_graphs_and_resume_each_other(tmp_path):
+    """A straight pipeline over 2 tasks with Adam: 6 steps per host and as one graph give the same checkpoints to
+    the last bit, then each run resumes from the other's checkpoint to step 9, again the same."""
+    plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
+    per_host, one_graph = tmp_path / "per_host", tmp_path / "one_graph"
+    out = _train("local:2x1", plan, per_host, 6, "--per_host")
+    assert "[worker 1] step 6/6  loss" in out and "[worker 0] step" not in out  # the loss's task logs
+    assert "[worker 0] done: step 6;" in out
+    _train("local:2x1", plan, one_graph, 6)
+    _assert_same(_checkpoint(per_host / "model.ckpt-6"), _checkpoint(one_graph / "model.ckpt-6"))
+    assert tf.train.get_checkpoint_state(str(per_host)).all_model_checkpoint_paths[-2].endswith("model.ckpt-3")
+    assert host_checkpoint.PARTS_DIR not in os.listdir(per_host)  # the parts were merged
+    tags = {v.tag for name in os.listdir(per_host) if name.startswith("events.out")
+            for event in tf.compat.v1.train.summary_iterator(str(per_host / name)) for v in event.summary.value}
+    assert {"loss", "step_time_ms"} <= tags
+
+    swapped_per_host, swapped_one_graph = tmp_path / "swapped_per_host", tmp_path / "swapped_one_graph"
+    shutil.copytree(one_graph, swapped_per_host)
+    shutil.copytree(per_host, swapped_one_graph)
+    for path in (swapped_per_host, swapped_one_graph):
+        _point_at(path)
+    out = _train("local:2x1", plan, swapped_per_host, 9, "--per_host")
+    assert "[worker 1] resumed from the checkpoint at step 6" in out
+    _train("local:2x1", plan, swapped_one_graph, 9)
+    _assert_same(_checkpoint(swapped_per_host / "model.ckpt-9"), _checkpoint(swapped_one_graph / "model.ckpt-9"))
+
+
+@pytest.mark.slow
+def test_per_host_hybrid_plan_trains_like_the_one_graph(tmp_path):
+    """Stage 0 replicated over both tasks (its gradients summed across them), stage 1 on task 0's second device.
+    Grappler may fuse an activation differently in a task's smaller graph (tests/test_per_host.py): a few ulps."""
+    plan = _plan_file(tmp_path / "plan.json", 2, 2, [(0, 1, [0, 2]), (2, 2, [1])])
+    per_host, one_graph = tmp_path / "per_host", tmp_path / "one_graph"
+    _train("local:2x2", plan, per_host, 6, "--per_host")
+    _train("local:2x2", plan, one_graph, 6)
+    _assert_same(_checkpoint(per_host / "model.ckpt-6"), _checkpoint(one_graph / "model.ckpt-6"), exact=False)
+    # resumed per host from the one graph's checkpoint: task 1's copies and their Adam slots are set from task 0's
+    resumed = tmp_path / "resumed"
+    shutil.copytree(one_graph, resumed)
+    _point_at(resumed)
+    _train("local:2x2", plan, resumed, 9, "--per_host")
+    _train("local:2x2", plan, one_graph, 9)
+    _assert_same(_checkpoint(resumed / "model.ckpt-9"), _checkpoint(one_graph / "model.ckpt-9"), exact=False)
+
+
+@pytest.mark.slow
+def test_a_killed_task_ends_every_other_naming_it(tmp_path):
+    plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
+    launch = Launch("--cluster=local:2x1", "--per_host", "--", "dapple_train", "--model=mlp", f"--plan={plan}",
+                    "--steps=1000000", f"--model_dir={tmp_path / 'm'}", "--save_checkpoints_steps=20",
+                    "--log_every=20", "--summary_every=0", "--failure_timeout=20")
+    address = launch.wait_for(lambda text: text.startswith("dapple_launch: worker task 1 at"), 60)
+    line = launch.wait_for(lambda text: text.startswith("[worker 1] dapple_launch: worker task's command (pid"), 120)
+    launch.wait_for(lambda text: text.startswith("[worker 1] step 60/"), 300)
+    os.kill(pid_of(line), signal.SIGKILL)
+    killed_at = time.monotonic()
+    code, output = launch.finish(timeout=120)
+    assert code == 1, output
+    assert time.monotonic() - killed_at < 20, output
+    assert "[worker 0] error: training stopped at step" in output
+    assert f"worker task 1 ({address.split(' at ')[1].split()[0]}) is unreachable" in output
+    assert running_pids(output) == []
+    assert tf.train.latest_checkpoint(str(tmp_path / "m")) is not None
+
+
+@pytest.mark.slow
+def test_tf_config_disagreeing_with_the_plan_is_an_error_naming_both(tmp_path):
+    plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
+    result = run_program("dapple_launch", "--cluster=local:3x1", "--per_host", "--", "dapple_train", "--model=mlp",
+                         f"--plan={plan}", "--steps=3", timeout=300)
+    assert result.returncode == 1
+    assert "error: TF_CONFIG names 3 worker tasks, the plan runs on tasks [0, 1]" in result.stdout, result.stdout[-3000:]
+
+
+def test_per_host_training_needs_a_plan_file():
+    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker",
+                                                                                             "index": 1}})
+    result = run_program("dapple_train", "--model=mlp", "--global_batch_size=8", env={"TF_CONFIG": tf_config})
+    assert result.returncode == 1
+    assert ("error: training per host (TF_CONFIG names this process worker task 1) needs --plan: every task must "
+            "build its part of the same plan") in result.stderr
+
+
+def test_owners_one_writer_else_the_first_writer_else_the_first_holder():
+    holdings = {0: {"w0": True, "global_step": True, "beta1_power": True, "shared_slot": False, "frozen": False},
+                1: {"w1": True, "global_step": True, "beta1_power": True, "shared_slot": True, "frozen": False}}
+    assert host_checkpoint.owners(holdings) == {"w0": 0, "w1": 1, "global_step": 0, "beta1_power": 0,
+                                                "shared_slot": 1, "frozen": 0}
+
+
+def test_written_variables_are_what_the_step_assigns():
+    with tf.Graph().as_default():
+        trained = tf.compat.v1.get_variable("trained", [2], initializer=tf.compat.v1.ones_initializer())
+        frozen = tf.compat.v1.get_variable("frozen", [2], initializer=tf.compat.v1.ones_initializer(),
+                                           trainable=False)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        loss = tf.reduce_sum(trained * frozen)
+        train_op = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss, global_step=step)
+        variables = tf.compat.v1.global_variables()
+        assert host_checkpoint.written_variables(train_op, variables) == {"trained", "trained/Momentum",
+                                                                           "global_step"}
+
+
+def test_per_host_job_specs_run_the_command_in_every_worker_and_no_chief():
+    pods = list(yaml.safe_load_all(job_specs.kubernetes("j", "img", 2, 8, ["dapple_train", "--plan=p"],
+                                                        per_host=True)))[2:]
+    assert [p["metadata"]["name"] for p in pods] == ["j-worker-0", "j-worker-1"]
+    for i, pod in enumerate(pods):
+        container = pod["spec"]["containers"][0]
+        assert container["command"] == ["dapple_launch", "--tf_config", "--", "dapple_train", "--plan=p"]
+        assert json.loads(container["env"][0]["value"]) == {
+            "cluster": {"worker": ["j-worker-0.j:2222", "j-worker-1.j:2222"]}, "task": {"type": "worker", "index": i}}
+    job = next(yaml.safe_load_all(job_specs.kubernetes("j", "img", 2, 8, ["dapple_train"], kind="tfjob",
+                                                       per_host=True)))
+    assert list(job["spec"]["tfReplicaSpecs"]) == ["Worker"]
+    script = job_specs.slurm("j", 2, 8, ["dapple_train", "--plan=p"], per_host=True)
+    assert "exec dapple_launch --tf_config -- dapple_train --plan=p'" in script
+    assert '"chief"' not in script and "chief" not in script.split("set -euo pipefail")[1]
