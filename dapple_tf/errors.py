@@ -11,3 +11,7 @@ class LayerMarkerError(DappleError):
 
 class PlanError(DappleError):
     """A plan that does not fit the model, the devices or the batch."""
+
+
+class PerHostError(PlanError):
+    """What per-host graphs (PipelineOptions.own_task) do not build yet; one graph for the cluster does."""

@@ -13,13 +13,12 @@ task's server, as the task's own process would.
 import json
 import socket
 import sys
-import threading
 
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import dapple_tf
-from dapple_tf.cluster import host_session
+from scripts.bench import host_threads
 from tests import toy_models
 
 TIMEOUT_S = 120
@@ -58,9 +57,9 @@ def _hex(values):
     return [float(v).hex() for v in values.ravel()]
 
 
-def _weights(sess, handle, own=None):
-    pairs = [(v.op.name, v) for _, v in handle.grads_and_vars if own is None or own(v.device)]
-    return {name: _hex(value) for (name, _), value in zip(pairs, sess.run([v for _, v in pairs]))}
+def _weights(sess, handle):
+    variables = [v for _, v in handle.grads_and_vars]
+    return {v.op.name: _hex(value) for v, value in zip(variables, sess.run(variables))}
 
 
 def in_graph(case, target):
@@ -73,7 +72,7 @@ def in_graph(case, target):
 
 
 def per_host(case, targets):
-    """Every task's graph built here in turn, then all run at once, one thread per task."""
+    """Every task's graph built here in turn, then all run at once, one thread per task (scripts.bench.host_threads)."""
     built = []
     used = {d[0] for _, _, devices in case["stages"] for d in devices}
     for task, target in enumerate(targets[:1 + max(used)]):
@@ -81,29 +80,12 @@ def per_host(case, targets):
         with graph.as_default():
             handle = _build(case, own_task=f"/job:worker/replica:0/task:{task}")
         built.append((graph, handle, target))
-    results, errors = [None] * len(built), []
-
-    def run(task, graph, handle, target):
-        try:
-            with graph.as_default(), tf.compat.v1.Session(target, config=handle.session_config(_config(case))) as sess:
-                host_session.start(sess, handle, TIMEOUT_S)
-                fetches = [handle.train_op] + ([handle.loss] if handle.loss is not None else [])
-                losses = [sess.run(fetches)[1:] for _ in range(case.get("steps", 3))]
-                results[task] = {"weights": _weights(sess, handle, lambda d, t=task: f"/task:{t}/" in d or (not d and t == 0)),
-                                 "losses": [float(l[0]).hex() for l in losses if l],
-                                 "ops": len(graph.get_operations())}
-        except Exception as e:  # pylint: disable=broad-except
-            errors.append(f"task {task}: {type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=run, args=(task, *b)) for task, b in enumerate(built)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        return {"errors": errors}
-    weights = {k: v for r in results for k, v in r["weights"].items()}
-    losses = next(r["losses"] for r in results if r["losses"])
+    try:
+        results = host_threads.run(built, case.get("steps", 3), _config(case), timeout_s=TIMEOUT_S)
+    except RuntimeError as e:
+        return {"errors": [str(e)]}
+    weights = {k: _hex(v) for r in results for k, v in r["weights"].items()}
+    losses = next([float(v).hex() for v in r["losses"]] for r in results if r["losses"])
     return {"weights": weights, "losses": losses, "ops": [r["ops"] for r in results]}
 
 

@@ -104,6 +104,7 @@ def test_ci_seeds_train_pipelined_as_on_one_device(tmp_path):
     rows = json.load(open(out))
     assert len(rows) == CI_CASES and not [r for r in rows if r["failure"]]
     assert any(r["case"]["cluster"] for r in rows)  # the gRPC path ran
+    assert any(res["per_host"] for r in rows for res in r["results"])  # and a graph per worker task
     assert max(res["relative"] for r in rows for res in r["results"]) < 2e-4
 
 

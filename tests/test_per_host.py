@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf.errors import PlanError
+from dapple_tf.errors import PerHostError, PlanError
 from tests import toy_models
 from tests.programs import ROOT
 
@@ -119,7 +119,7 @@ def test_own_task_must_run_part_of_the_plan():
 
 def test_what_per_host_graphs_do_not_build_yet_is_refused_by_name():
     plan = _plan((0, 2, [(0, 0)]), (3, 4, [(1, 0)]))
-    with tf.Graph().as_default(), pytest.raises(PlanError) as raised:
+    with tf.Graph().as_default(), pytest.raises(PerHostError) as raised:
         _build(plan, _task(0), clip_global_norm=1.0, gradient_fn=lambda pairs: pairs)
     assert str(raised.value) == (
         "per-host graphs (PipelineOptions.own_task) do not yet support clip_global_norm (the norm spans every task's "

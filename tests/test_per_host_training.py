@@ -111,6 +111,18 @@ def test_per_host_hybrid_plan_trains_like_the_one_graph(tmp_path):
 
 
 @pytest.mark.slow
+def test_replicas_within_one_task_train_like_the_one_graph(tmp_path):
+    """Each stage replicated on its task's two devices: per host their gradients are summed by the exchange (a TF
+    collective within task 1's session waits on the cluster's group leader, task 0, and its first step was
+    cancelled), in the one graph by a collective; two summands add alike either way."""
+    plan = _plan_file(tmp_path / "plan.json", 2, 2, [(0, 1, [0, 1]), (2, 2, [2, 3])])
+    _train("local:2x2", plan, tmp_path / "per_host", 3, "--per_host")
+    _train("local:2x2", plan, tmp_path / "one_graph", 3)
+    _assert_same(_checkpoint(tmp_path / "per_host" / "model.ckpt-3"),
+                 _checkpoint(tmp_path / "one_graph" / "model.ckpt-3"), exact=False)
+
+
+@pytest.mark.slow
 def test_a_killed_task_ends_every_other_naming_it(tmp_path):
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
     launch = Launch("--cluster=local:2x1", "--per_host", "--", "dapple_train", "--model=mlp", f"--plan={plan}",

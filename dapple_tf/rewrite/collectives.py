@@ -53,13 +53,16 @@ def communication_hint(devices: Sequence[str]) -> str:
     return "nccl" if all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices) else "auto"
 
 
-def uses_exchange(devices: Sequence[str]) -> bool:
-    """True for device sets that `all_reduce_sum` reduces by `exchange_sum`: CPUs of several processes."""
+def uses_exchange(devices: Sequence[str], per_host: bool = False) -> bool:
+    """True for device sets that `all_reduce_sum` reduces by `exchange_sum`: CPUs of several processes, and in a
+    per-host graph every CPU group (a task's session resolves a collective group through the cluster's group
+    leader, task 0, which another session drives: the first step of a group within task 1 was cancelled)."""
     tasks = set()
     for d in devices:
         spec = tf.DeviceSpec.from_string(d)
         tasks.add((spec.job, spec.replica, spec.task))
-    return len(tasks) > 1 and communication_hint(devices) != "nccl"
+    several = len(tasks) > 1 or (per_host and len(devices) > 1)
+    return several and communication_hint(devices) != "nccl"
 
 
 # Gradients smaller than this travel packed with their neighbours: one transfer each would cost a round
@@ -204,7 +207,7 @@ def all_reduce_sum(
     if len(devices) == 1:
         return dict(grads_per_device)
     remote = [d for d in devices if grads_per_device[d] is None]
-    if uses_exchange(devices):
+    if uses_exchange(devices, host is not None and host.per_host):
         started = {}
         for device in devices:
             with tf.device(device), tf.control_dependencies([after[device]] if device in after else []):

@@ -179,7 +179,7 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
         summed: Dict[Key, tf.Tensor] = {}
         # exchange_sum needs no launch order and packs small gradients itself: one bucket, each group of it
         # reduced as soon as the last backward has made it
-        exchange = cross_process_reduce is None and collectives.uses_exchange(devices)
+        exchange = cross_process_reduce is None and collectives.uses_exchange(devices, host.per_host)
         size = float("inf") if exchange else bucket_bytes
         local = [d for d in devices if host.is_local(d)]
         buckets = _buckets(groups[(devices, dtype)], accumulator, local[0], size, position)

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from dapple_tf.errors import PlanError
+from dapple_tf.errors import PerHostError, PlanError
 
 # Items a queue can hold: a sender is at most one step ahead of its reader (the reader's previous step took the
 # last item before the sender could finish that step), so two never block a correct pipeline.
@@ -109,11 +109,13 @@ def check_supported(host, options, replication_devices, script) -> None:
         refused.append("gradient_fn")
     if script is not None and script.flow.ops:
         refused.append(f"a script's own gradient transform (apply_gradients at {script.where})")
-    if options.batch_norm == "sync" and any(len({task_of(d) for d in devices}) > 1 for devices in replication_devices):
-        refused.append("batch_norm='sync' for a stage replicated across tasks")
+    if options.batch_norm == "sync" and any(len(devices) > 1 and tf.DeviceSpec.from_string(devices[0]).device_type
+                                            != "GPU" for devices in replication_devices):
+        # its statistics' all-reduce is a TF collective, which per-host sessions of CPU tasks cannot join
+        refused.append("batch_norm='sync' for a replicated stage on CPUs")
     if refused:
-        raise PlanError(f"per-host graphs (PipelineOptions.own_task) do not yet support {', '.join(refused)}: build one "
-                        "graph for the cluster (own_task=None)")
+        raise PerHostError(f"per-host graphs (PipelineOptions.own_task) do not yet support {', '.join(refused)}: build "
+                           "one graph for the cluster (own_task=None)")
 
 
 def step_op(train_op: tf.Operation, host, loss) -> tf.Operation:

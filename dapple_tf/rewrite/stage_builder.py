@@ -29,7 +29,7 @@ import tensorflow as tf
 from dapple_tf.rewrite import (boundary_exchange, collectives, graph_defs as graph_defs_lib, host_boundaries,
                                host_part, microbatch, outputs as outputs_lib, recompute as recompute_lib,
                                stage_function, sync_batch_norm, tasks, v1_control_flow)
-from dapple_tf.errors import DappleError, PlanError
+from dapple_tf.errors import DappleError, PerHostError, PlanError
 from dapple_tf.rewrite.gradients import GradientAccumulator
 from dapple_tf.rewrite.layout import PipelineLayout
 from dapple_tf.rewrite import weight_batching
@@ -355,7 +355,7 @@ class StageBuilder:
         s = extra.stage
         sizes = self._sizes[s] if s >= 0 else ()
         if s >= 0 and not all(map(self.host.is_local, self.template.stages[s].stage.devices)):
-            raise DappleError(
+            raise PerHostError(
                 f"{extra.name}, computed by stage {s}, is needed once per step (an extra output, a batch-norm update or "
                 "a summary), but per-host graphs (PipelineOptions.own_task) do not yet combine a stage's values across "
                 "tasks: build one graph for the cluster (own_task=None)")
@@ -482,9 +482,9 @@ class StageBuilder:
         producer replica on another task would wait for it."""
         if self.host.per_host and any(not self.host.is_local(d) for e in boundary
                                       for d in self.template.stages[e.producer_stage].stage.devices):
-            raise DappleError(f"stage {s}'s outputs get no gradient (nothing it computes reaches the loss), so it "
-                              "sends no input gradients; per-host graphs (PipelineOptions.own_task) need every stage "
-                              "to: move the stage boundary, or build one graph for the cluster (own_task=None)")
+            raise PerHostError(f"stage {s}'s outputs get no gradient (nothing it computes reaches the loss), so it "
+                               "sends no input gradients; per-host graphs (PipelineOptions.own_task) need every stage "
+                               "to: move the stage boundary, or build one graph for the cluster (own_task=None)")
 
     def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> List[tf.Tensor]:
         """Cuts the gradient of consumer replica j's input into pieces for the producer replicas; returns them (what

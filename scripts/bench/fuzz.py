@@ -87,7 +87,9 @@ def _line(index_text: str, case, results, why, seconds: float) -> str:
     worst = max((r.get("relative", 0.0) for r in results), default=0.0)
     conditioning = max((r.get("conditioning", 0.0) for r in results), default=0.0)
     status = "FAIL" if why else "ok"
-    return (f"case {index_text:>9}  {status:4}  {case.describe()}  max rel |dw| {worst:.1e}  "
+    refused = case.per_host and any(r.get("per_host") is False for r in results)
+    return (f"case {index_text:>9}  {status:4}  {case.describe()}{' (refused per host: one graph)' if refused else ''}"
+            f"  max rel |dw| {worst:.1e}  "
             f"(one device from perturbed weights: {conditioning:.1e})  {seconds:.1f} s")
 
 

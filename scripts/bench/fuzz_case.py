@@ -9,7 +9,9 @@ to the tolerance either, and round-off cannot be told from error below that move
 "Equivalence under stress": MobileNetV2 at 8 samples per batch norm).
 
 Call `prepare()` once per process first (eight virtual CPU devices). A cluster case starts two in-process worker
-servers (tf.distribute.Server cannot be stopped: run it in a process of its own).
+servers (tf.distribute.Server cannot be stopped: run it in a process of its own); a per-host one (Case.per_host)
+builds a graph per worker task and runs each in a thread, unless the runtime refuses the case per host (then one
+graph for the cluster; the result's "per_host" says which ran).
 """
 
 import hashlib
@@ -89,22 +91,56 @@ def _single(config):
     return build
 
 
+def _build(case: Case, devices: List[str], model_fn, x, y, optimizer, own_task=None):
+    import dapple_tf  # pylint: disable=import-outside-toplevel
+
+    stages, first = [], 0
+    for a, b, replicas in case.stages:
+        stages.append((a, b, devices[first:first + replicas]))
+        first += replicas
+    plan = dapple_tf.Plan.from_stages(stages, case.micro_batches)
+    options = dapple_tf.PipelineOptions(schedule=case.schedule, recompute=list(case.recompute),
+                                        stage_functions=case.stage_functions, batch_norm=case.batch_norm,
+                                        own_task=own_task)
+    return dapple_tf.build_pipeline(model_fn, x, y, optimizer, plan, options, layers=dapple_tf.layers_by_scope(depth=1))
+
+
 def _pipelined(case: Case, devices: List[str], target: str, config):
     def build(model_fn, x, y, optimizer):
-        import dapple_tf  # pylint: disable=import-outside-toplevel
-
-        stages, first = [], 0
-        for a, b, replicas in case.stages:
-            stages.append((a, b, devices[first:first + replicas]))
-            first += replicas
-        plan = dapple_tf.Plan.from_stages(stages, case.micro_batches)
-        options = dapple_tf.PipelineOptions(schedule=case.schedule, recompute=list(case.recompute),
-                                            stage_functions=case.stage_functions, batch_norm=case.batch_norm)
-        handle = dapple_tf.build_pipeline(model_fn, x, y, optimizer, plan, options,
-                                          layers=dapple_tf.layers_by_scope(depth=1))
+        handle = _build(case, devices, model_fn, x, y, optimizer)
         variables = [v for _, v in handle.grads_and_vars]
         return handle.train_op, handle.loss, variables, target, handle.session_config(config), handle.initializer
     return build
+
+
+def _per_host(case: Case, model_fn, x, y, initial, devices: List[str], targets: List[str]):
+    """(trainable weights by name, losses) of the case trained per host, every task's graph in a thread
+    (host_threads.py); None when the case asks for something per-host graphs refuse (PerHostError)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from dapple_tf.errors import PerHostError  # pylint: disable=import-outside-toplevel
+    from scripts.bench import host_threads  # pylint: disable=import-outside-toplevel
+
+    used = sorted({tf.DeviceSpec.from_string(d).task for d in devices})
+    built = []
+    for task in used:
+        with tf.Graph().as_default() as graph:
+            try:
+                handle = _build(case, devices, model_fn, tf.constant(x), tf.constant(y),
+                                tf.compat.v1.train.MomentumOptimizer(0.05, 0.9), f"/job:worker/replica:0/task:{task}")
+            except PerHostError:
+                return None
+        built.append((graph, handle, targets[task]))
+
+    def initialize(sess, handle, task):
+        sess.run(handle.initializer)
+        for _, v in handle.grads_and_vars:
+            if host_threads.owns(task, v.device):
+                v.load(initial[v.op.name], sess)
+
+    results = host_threads.run(built, STEPS, initialize=initialize)
+    return ({k: v for r in results for k, v in r["weights"].items()},
+            next(r["losses"] for r in results if r["losses"]))
 
 
 def _initial(model_fn, x, y, config) -> Dict[str, np.ndarray]:
@@ -127,7 +163,7 @@ def digest(weights: Dict[str, np.ndarray]) -> str:
 
 
 def _cluster_devices(count: int):
-    """(devices, session target, servers): `count` CPU devices over two in-process worker servers."""
+    """(devices, the servers' targets, servers): `count` CPU devices over two in-process worker servers."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from dapple_tf.cluster import servers as cluster  # pylint: disable=import-outside-toplevel
@@ -138,7 +174,7 @@ def _cluster_devices(count: int):
                for t, n in enumerate(per_task)]
     devices = [f"/job:{cluster.JOB}/replica:0/task:{t}/device:CPU:{i}" for t, n in enumerate(per_task)
                for i in range(n)]
-    return devices[:count], started[0].target, started
+    return devices[:count], [server.target for server in started], started
 
 
 def perturbed(weights: Dict[str, np.ndarray], seed: int) -> Dict[str, np.ndarray]:
@@ -170,14 +206,19 @@ def run(case: Case) -> dict:
     reference_fn = fuzz_models.model_fn(case.layers, batch_norm_groups(case))
     want, want_losses = _train(reference_fn, x, y, initial, _single(config))
     moved, _ = _train(reference_fn, x, y, perturbed(initial, case.seed), _single(config))
+    per_host = None
     if case.cluster:
-        devices, target, _servers = _cluster_devices(case.devices)
+        devices, targets, _servers = _cluster_devices(case.devices)
         from dapple_tf.cluster.servers import session_config  # pylint: disable=import-outside-toplevel
 
-        pipe_config = session_config(120)
+        target, pipe_config = targets[0], session_config(120)
+        per_host = _per_host(case, pipelined_fn, x, y, initial, devices, targets) if case.per_host else None
     else:
         devices, target, pipe_config = [f"/device:CPU:{i}" for i in range(case.devices)], "", config
-    got, got_losses = _train(pipelined_fn, x, y, initial, _pipelined(case, devices, target, pipe_config))
+    if per_host is not None:
+        got, got_losses = per_host
+    else:
+        got, got_losses = _train(pipelined_fn, x, y, initial, _pipelined(case, devices, target, pipe_config))
     if sorted(want) != sorted(got):
         return {"error": f"the pipeline trains {sorted(got)}, one device {sorted(want)}"}
     worst = max(want, key=lambda n: float(np.max(np.abs(want[n] - got[n]))))
@@ -185,4 +226,5 @@ def run(case: Case) -> dict:
     return {"weights": float(diff.max()), "variable": worst,
             "relative": _relative(want, got), "conditioning": _relative(want, moved),
             "loss": max(abs(a - b) for a, b in zip(want_losses, got_losses)), "digest": digest(got),
+            "per_host": per_host is not None,
             "seconds": time.perf_counter() - started}
