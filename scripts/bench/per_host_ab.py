@@ -5,7 +5,7 @@ graph driven by a chief against per host (`dapple_launch --per_host`), the two a
     python -m scripts.bench.per_host_ab --rounds=5 --plans=dp --steps=90
 
 Each run is a whole `dapple_launch --cluster=local:2x1 [--per_host] -- dapple_train --plan=...` (2 workers pinned to
-a core each); its steady step is the mean of dapple_train's progress windows after the first (the first holds the
+a core each, or as --cores_per_worker says); its steady step is the mean of dapple_train's progress windows after the first (the first holds the
 warm-up), its wall time the launch's from start to exit. Plans (the paper config of the reference MLP, global batch
 --global_batch_size):
 - straight: dense_0-1 on task 0, dense_2-head on task 1, M=4;
@@ -29,6 +29,7 @@ flags.DEFINE_integer("rounds", 3, "Rounds; each runs every plan both ways, the o
 flags.DEFINE_list("plans", ["straight", "dp"], "Plans: straight, dp (module docstring).")
 flags.DEFINE_integer("steps", 60, "Steps per run (progress every steps / 3).")
 flags.DEFINE_integer("global_batch_size", 128, "Samples per step.")
+flags.DEFINE_integer("cores_per_worker", 1, "dapple_launch's: each worker pinned to this many cores (0: unpinned).")
 flags.DEFINE_string("json", "", "Also write the rows here.")
 
 LAYERS = ["dense_0", "dense_1", "dense_2", "dense_3", "head"]
@@ -63,8 +64,8 @@ def run_once(plan_path: str, per_host: bool, steps: int) -> dict:
     train = ["dapple_train", "--model=mlp", "--config=paper", f"--plan={plan_path}", f"--steps={steps}",
              f"--log_every={max(1, steps // 3)}", "--summary_every=0", "--save_checkpoints_steps=0"]
     started = time.perf_counter()
-    code, lines = harness.stream_command(harness.launch_command("local:2x1", train, *(["--per_host"] if per_host
-                                                                                         else [])), lambda _: None)
+    launcher = [f"--cores_per_worker={FLAGS.cores_per_worker}"] + (["--per_host"] if per_host else [])
+    code, lines = harness.stream_command(harness.launch_command("local:2x1", train, *launcher), lambda _: None)
     if code:
         raise RuntimeError(f"dapple_launch exited with {code}:\n" + "".join(lines[-30:]))
     windows = windows_ms(lines)
