@@ -30,6 +30,8 @@ flags.DEFINE_list("plans", ["straight", "dp"], "Plans: straight, dp (module docs
 flags.DEFINE_integer("steps", 60, "Steps per run (progress every steps / 3).")
 flags.DEFINE_integer("global_batch_size", 128, "Samples per step.")
 flags.DEFINE_integer("cores_per_worker", 1, "dapple_launch's: each worker pinned to this many cores (0: unpinned).")
+flags.DEFINE_integer("inter_op_threads", None, "dapple_launch's: each worker's inter-op threads (default: its cores "
+                     "+ 1).")
 flags.DEFINE_string("json", "", "Also write the rows here.")
 
 LAYERS = ["dense_0", "dense_1", "dense_2", "dense_3", "head"]
@@ -65,6 +67,8 @@ def run_once(plan_path: str, per_host: bool, steps: int) -> dict:
              f"--log_every={max(1, steps // 3)}", "--summary_every=0", "--save_checkpoints_steps=0"]
     started = time.perf_counter()
     launcher = [f"--cores_per_worker={FLAGS.cores_per_worker}"] + (["--per_host"] if per_host else [])
+    if FLAGS.inter_op_threads is not None:
+        launcher.append(f"--inter_op_threads={FLAGS.inter_op_threads}")
     code, lines = harness.stream_command(harness.launch_command("local:2x1", train, *launcher), lambda _: None)
     if code:
         raise RuntimeError(f"dapple_launch exited with {code}:\n" + "".join(lines[-30:]))
