@@ -5,7 +5,7 @@
 
 Prints, per case, whether the two runs are bit-identical, the largest weight difference and each graph's ops.
 A stage's devices are [task, CPU index] pairs (every task has 2 CPU devices). Optional keys: "schedule" ("dapple"), "stage_functions" (false), "steps" (3), "batch" (12), "model"
-("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn), "remapping" (true: grappler's remapper on). Run in its own process by tests/test_per_host.py,
+("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn), "remapping" (true: grappler's remapper on), "clip" (clip_global_norm). Run in its own process by tests/test_per_host.py,
 so that the servers end with it; each per-host graph runs in a thread of this process with a session on its own
 task's server, as the task's own process would.
 """
@@ -30,7 +30,8 @@ def _device(task: int, index: int) -> str:
 
 def _model_fn(case):
     values = toy_models.initial_values()
-    return {"skip": toy_models.skip_model_fn, "tied": toy_models.tied_model_fn}[case.get("model", "skip")](values)
+    return {"skip": toy_models.skip_model_fn, "tied": toy_models.tied_model_fn,
+            "batch_norm": toy_models.batch_norm_model_fn}[case.get("model", "skip")](values)
 
 
 def _build(case, own_task=None):
@@ -40,7 +41,8 @@ def _build(case, own_task=None):
         [(first, last, [_device(*d) for d in devices]) for first, last, devices in case["stages"]],
         case["micro_batches"])
     options = dapple_tf.PipelineOptions(schedule=case.get("schedule", "dapple"),
-                                        stage_functions=case.get("stage_functions", False), own_task=own_task)
+                                        stage_functions=case.get("stage_functions", False), own_task=own_task,
+                                        clip_global_norm=case.get("clip"))
     handle = dapple_tf.build_pipeline(_model_fn(case), tf.constant(x), tf.constant(y),
                                       tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), plan, options)
     return handle
@@ -62,13 +64,28 @@ def _weights(sess, handle):
     return {v.op.name: _hex(value) for v, value in zip(variables, sess.run(variables))}
 
 
+def _outputs(steps):
+    """handle.outputs of each step, as hex."""
+    return [{name: _hex(value) for name, value in sorted(step.items())} for step in steps]
+
+
 def in_graph(case, target):
     with tf.Graph().as_default():
         handle = _build(case)
+        merged = tf.compat.v1.summary.merge_all()
+        fetches = {"train": handle.train_op, "loss": handle.loss, "outputs": handle.outputs}
+        fetches.update({"summary": merged} if merged is not None else {})
+        fetches.update({"global_norm": handle.global_norm} if handle.global_norm is not None else {})
         with tf.compat.v1.Session(target, config=handle.session_config(_config(case))) as sess:
             sess.run(handle.initializer)
-            losses = [float(sess.run([handle.loss, handle.train_op])[0]).hex() for _ in range(case.get("steps", 3))]
-            return {"weights": _weights(sess, handle), "losses": losses, "ops": len(sess.graph.get_operations())}
+            ran = [sess.run(fetches) for _ in range(case.get("steps", 3))]
+            variables = tf.compat.v1.global_variables()
+            return {"weights": _weights(sess, handle), "losses": [float(r["loss"]).hex() for r in ran],
+                    "variables": {v.op.name: _hex(value) for v, value in zip(variables, sess.run(variables))},
+                    "outputs": _outputs(r["outputs"] for r in ran),
+                    "summaries": [r["summary"].hex() for r in ran if "summary" in r],
+                    "global_norms": [float(r["global_norm"]).hex() for r in ran if "global_norm" in r],
+                    "ops": len(sess.graph.get_operations())}
 
 
 def per_host(case, targets):
@@ -85,8 +102,13 @@ def per_host(case, targets):
     except RuntimeError as e:
         return {"errors": [str(e)]}
     weights = {k: _hex(v) for r in results for k, v in r["weights"].items()}
-    losses = next([float(v).hex() for v in r["losses"]] for r in results if r["losses"])
-    return {"weights": weights, "losses": losses, "ops": [r["ops"] for r in results]}
+    loss_task = next(r for r in results if r["losses"])
+    return {"weights": weights, "losses": [float(v).hex() for v in loss_task["losses"]],
+            "variables": {k: _hex(v) for r in results for k, v in r["variables"].items()},
+            "outputs": _outputs(loss_task["outputs"]), "summaries": [s.hex() for s in loss_task["summaries"]],
+            "global_norms": [n.hex() for n in loss_task["global_norms"]],
+            "other_outputs": [r["outputs"] for r in results if r is not loss_task],
+            "ops": [r["ops"] for r in results]}
 
 
 def _compare(case, target, targets):
@@ -103,7 +125,11 @@ def _compare(case, target, targets):
     as_array = lambda values: np.array([float.fromhex(v) for v in values])  # noqa: E731
     diffs = [float(np.max(np.abs(as_array(one["weights"][k]) - as_array(hosts["weights"][k])), initial=0.0))
              for k in one["weights"]]
-    return {"identical": one["weights"] == hosts["weights"] and one["losses"] == hosts["losses"],
+    same = {key: one[key] == hosts[key]
+            for key in ("weights", "losses", "variables", "outputs", "summaries", "global_norms")}
+    return {"identical": all(same.values()), "same": same, "outputs": sorted(one["outputs"][0]),
+            "global_norms": [float.fromhex(n) for n in hosts["global_norms"]],
+            "summaries": len(one["summaries"]), "other_outputs": hosts["other_outputs"],
             "loss_hex": [one["losses"], hosts["losses"]],
             "variables": sorted(hosts["weights"]) == sorted(one["weights"]), "max_difference": max(diffs),
             "losses": [float.fromhex(v) for v in hosts["losses"]], "in_graph_ops": one["ops"],

@@ -26,9 +26,22 @@ CASES = {
     "hybrid": {"stages": [[0, 1, [[0, 0], [1, 0]]], [2, 4, [[2, 0]]]], "micro_batches": 2},
     "hybrid-3-stages": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0], [1, 1], [2, 0]]], [3, 4, [[2, 1], [0, 1]]]],
                         "micro_batches": 2, "batch": 24},
+    # two copies of a variable of task 0 in task 1 (the fuzz harness's seed 11, case 5)
+    "two-copies-in-one-task": {"stages": [[0, 2, [[0, 0]]], [3, 4, [[0, 1], [1, 0], [1, 1]]]], "micro_batches": 1},
+    # the global norm of every task's gradients (clip_global_norm), the scale sent back to every task
+    "clip-hybrid-3-stages": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0], [1, 1], [2, 0]]], [3, 4, [[2, 1], [0, 1]]]],
+                             "micro_batches": 2, "batch": 24, "clip": 0.1},
+    "clip-data-parallel-3-uneven": {"stages": [[0, 4, [[0, 0], [1, 0], [2, 1]]]], "micro_batches": 2, "batch": 14,
+                                    "clip": 0.1},
+    # batch-norm updates, summaries and extra outputs of stages on other tasks than the loss's: combined there
+    "batch-norm-straight": {"stages": [[0, 2, [[0, 0]]], [3, 4, [[1, 0]]]], "micro_batches": 2,
+                            "model": "batch_norm"},
+    "batch-norm-hybrid-3-stages": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0], [1, 1], [2, 0]]],
+                                              [3, 4, [[2, 1], [0, 1]]]], "micro_batches": 2, "batch": 24,
+                                   "model": "batch_norm"},
 }
 # with grappler's defaults, these cases' graphs get the same fusions both ways (see test_with_grapplers_defaults)
-SAME_FUSIONS = ["straight", "data-parallel", "functions-zb-h1", "tied"]
+SAME_FUSIONS = ["straight", "data-parallel", "functions-zb-h1", "tied", "batch-norm-straight"]
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +84,45 @@ def test_with_grapplers_defaults(results, name):
 def test_every_task_graph_is_smaller_than_the_clusters(results, name):
     result = results[name]["defaults"]
     assert all(ops < result["in_graph_ops"] for ops in result["per_host_ops"]), result
+
+
+def test_batch_norm_updates_summaries_and_outputs_are_combined_on_the_loss_task(results):
+    """The batch-norm cases above compare them with the one graph's; here: that they are there, on the loss's task
+    alone."""
+    for name in ("batch-norm-straight", "batch-norm-hybrid-3-stages"):
+        result = results[name]["no_remapping"]
+        assert result["outputs"] == ["accuracy", "logits"] and result["summaries"] == 3, result
+        assert all(steps == [{}, {}, {}] for steps in result["other_outputs"]), result  # the others fetch nothing
+
+
+def test_clipping_clips_by_the_norm_of_every_tasks_gradients(results):
+    """The cases above compare the norm with the one graph's bit for bit; here: that it is there, and clips."""
+    for name in ("clip-hybrid-3-stages", "clip-data-parallel-3-uneven"):
+        norms = results[name]["no_remapping"]["global_norms"]
+        assert len(norms) == 3 and min(norms) > 0.1, (name, norms)
+
+
+def test_the_loss_task_saves_the_moving_averages_it_updates_on_other_tasks():
+    """Task 1 (the loss's) updates the moving averages of stage 0, which sit on task 0: it saves them, between its
+    own steps (task 0 could save them before task 1's step of the same number has written them)."""
+    from dapple_tf.cluster import host_checkpoint  # pylint: disable=import-outside-toplevel
+
+    plan = _plan((0, 2, [(0, 0)]), (3, 4, [(1, 0)]))
+    holdings = {}
+    for task in (0, 1):
+        with tf.Graph().as_default() as graph:
+            x, y = toy_models.batch(8)
+            handle = dapple_tf.build_pipeline(
+                toy_models.batch_norm_model_fn(toy_models.initial_values()), tf.constant(x), tf.constant(y),
+                tf.compat.v1.train.GradientDescentOptimizer(0.1), plan, dapple_tf.PipelineOptions(own_task=_task(task)))
+            held, written = host_checkpoint.held_variables(handle.train_op, lambda d, t=task: f"/task:{t}/" in d)
+            holdings[task] = {v.op.name: v.op.name in written for v in held}
+            summaries = [s.op.name for s in graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)]
+            assert (sorted(handle.outputs), len(handle.update_ops), len(summaries)) == (
+                (["accuracy", "logits"], 2, 3) if task == 1 else ([], 0, 0)), task
+    assert holdings[0]["moving_mean"] is False and holdings[1]["moving_mean"] is True
+    owners = host_checkpoint.owners(holdings)
+    assert (owners["moving_mean"], owners["moving_variance"], owners["w0"], owners["wo"]) == (1, 1, 0, 1)
 
 
 def _task(i: int) -> str:
@@ -122,8 +174,8 @@ def test_what_per_host_graphs_do_not_build_yet_is_refused_by_name():
     with tf.Graph().as_default(), pytest.raises(PerHostError) as raised:
         _build(plan, _task(0), clip_global_norm=1.0, gradient_fn=lambda pairs: pairs)
     assert str(raised.value) == (
-        "per-host graphs (PipelineOptions.own_task) do not yet support clip_global_norm (the norm spans every task's "
-        "gradients), gradient_fn: build one graph for the cluster (own_task=None)")
+        "per-host graphs (PipelineOptions.own_task) do not yet support gradient_fn (it sees every task's gradients "
+        "at once): build one graph for the cluster (own_task=None)")
 
 
 def test_gpus_of_several_tasks_all_reduce_by_one_collective_with_the_same_keys_in_every_tasks_graph():

@@ -21,21 +21,20 @@ from tests.launch_harness import Launch, pid_of, running_pids
 from tests.programs import run_program
 
 
-def _plan_file(path, tasks, devices, stages):
-    """A plan of the tiny MLP (layers dense_0, dense_1, head) over local:TASKSxDEVICES; stages: (first, last,
+def _plan_file(path, tasks, devices, stages, names=("dense_0", "dense_1", "head")):
+    """A plan of the tiny MLP (or a model of layers `names`) over local:TASKSxDEVICES; stages: (first, last,
     device ids)."""
     plan = plan_pb2.Plan(model_name="mlp", planner="manual", global_batch_size=24, num_micro_batches=2,
                          micro_batch_size=12, schedule=plan_pb2.DAPPLE)
     plan.cluster.CopyFrom(local_task_cluster(tasks, devices, memory_bytes=1e9))
-    names = ["dense_0", "dense_1", "head"]
     for first, last, ids in stages:
         plan.stages.add(first_layer=first, last_layer=last, layer_names=names[first:last + 1], device_ids=ids)
     write_message(plan, str(path))
     return str(path)
 
 
-def _train(cluster, plan, model_dir, steps, *flags):
-    result = run_program("dapple_launch", f"--cluster={cluster}", *flags, "--", "dapple_train", "--model=mlp",
+def _train(cluster, plan, model_dir, steps, *flags, model=("--model=mlp",)):
+    result = run_program("dapple_launch", f"--cluster={cluster}", *flags, "--", "dapple_train", *model,
                          f"--plan={plan}", f"--steps={steps}", f"--model_dir={model_dir}", "--optimizer=adam",
                          "--save_checkpoints_steps=3", "--log_every=3", "--summary_every=3", timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -54,9 +53,20 @@ def _checkpoint(path):
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
 
 
-def _assert_same(a, b, exact=True):
+def _summaries(model_dir):
+    """{tag: [value per written step]} of the event files in model_dir."""
+    values = {}
+    for name in sorted(os.listdir(model_dir)):
+        if name.startswith("events.out"):
+            for event in tf.compat.v1.train.summary_iterator(str(model_dir / name)):
+                for v in event.summary.value:
+                    values.setdefault(v.tag, []).append(v.simple_value)
+    return values
+
+
+def _assert_same(a, b, exact=True, optimizer_state="dense_0/fc_kernel/Adam"):
     assert sorted(a) == sorted(b)
-    assert "dense_0/fc_kernel/Adam" in a and "beta1_power" in a  # the optimizer's state, its per-task copies once
+    assert optimizer_state in a and "beta1_power" in a  # the optimizer's state, its per-task copies once
     for name in a:
         if exact:
             assert np.array_equal(a[name], b[name]), name
@@ -77,9 +87,7 @@ def test_per_host_checkpoints_are_the_one_graphs_and_resume_each_other(tmp_path)
     _assert_same(_checkpoint(per_host / "model.ckpt-6"), _checkpoint(one_graph / "model.ckpt-6"))
     assert tf.train.get_checkpoint_state(str(per_host)).all_model_checkpoint_paths[-2].endswith("model.ckpt-3")
     assert host_checkpoint.PARTS_DIR not in os.listdir(per_host)  # the parts were merged
-    tags = {v.tag for name in os.listdir(per_host) if name.startswith("events.out")
-            for event in tf.compat.v1.train.summary_iterator(str(per_host / name)) for v in event.summary.value}
-    assert {"loss", "step_time_ms"} <= tags
+    assert {"loss", "step_time_ms"} <= set(_summaries(per_host))
 
     swapped_per_host, swapped_one_graph = tmp_path / "swapped_per_host", tmp_path / "swapped_one_graph"
     shutil.copytree(one_graph, swapped_per_host)
@@ -90,6 +98,24 @@ def test_per_host_checkpoints_are_the_one_graphs_and_resume_each_other(tmp_path)
     assert "[worker 1] resumed from the checkpoint at step 6" in out
     _train("local:2x1", plan, swapped_one_graph, 9)
     _assert_same(_checkpoint(swapped_per_host / "model.ckpt-9"), _checkpoint(swapped_one_graph / "model.ckpt-9"))
+
+
+@pytest.mark.slow
+def test_per_host_batch_norm_updates_and_summaries_are_the_one_graphs(tmp_path):
+    """tests/user_model.py's batch norm in stage 0 (task 0), the loss in stage 1 (task 1): task 1 combines the
+    statistics of task 0's clones, updates the moving averages on task 0 and saves them; its summary reads the
+    batch of every clone. Checkpoint and summaries equal the one graph's to the last bit."""
+    plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])], names=("encode", "norm", "decode"))
+    model = ("--model_fn=tests.user_model:batch_norm_model_fn", "--input_fn=tests.user_model:input_fn")
+    per_host, one_graph = tmp_path / "per_host", tmp_path / "one_graph"
+    _train("local:2x1", plan, per_host, 6, "--per_host", model=model)
+    _train("local:2x1", plan, one_graph, 6, model=model)
+    checkpoint = _checkpoint(per_host / "model.ckpt-6")
+    assert not np.array_equal(checkpoint["moving_mean"], np.zeros(16))  # updated
+    _assert_same(checkpoint, _checkpoint(one_graph / "model.ckpt-6"), optimizer_state="encode_w/Adam")
+    summaries = _summaries(per_host)
+    assert len(summaries.get("norm/normalized_mean", ())) == 2, summaries  # steps 3 and 6
+    assert summaries["norm/normalized_mean"] == _summaries(one_graph)["norm/normalized_mean"]
 
 
 @pytest.mark.slow

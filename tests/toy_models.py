@@ -30,16 +30,24 @@ def skip_model_fn(values):
             h0 = tf.tanh(tf.matmul(features, var("w0")) + var("b0"))
         with dapple_tf.layer("dense1"):
             h1 = tf.tanh(tf.matmul(h0, var("w1")) + var("b1"))
-        with dapple_tf.layer("dense2"):
-            h2 = tf.tanh(tf.matmul(h1, var("w2")))
-        with dapple_tf.layer("dense3"):
-            h3 = tf.tanh(tf.matmul(h2, var("w3")) + tf.matmul(h0, var("skip")) + var("b3"))
-        with dapple_tf.layer("head"):
-            logits = tf.matmul(h3, var("wo"))
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
-        return loss
+        return _dense2_to_head(h0, h1, labels, var)[2]
 
     return model_fn
+
+
+def _dense2_to_head(h0, h1, labels, var, accuracy=False):
+    """Layers dense2, dense3 (reading dense0's output too) and head: (dense2's output, logits, loss, the batch's
+    accuracy if asked for, else None)."""
+    with dapple_tf.layer("dense2"):
+        h2 = tf.tanh(tf.matmul(h1, var("w2")))
+    with dapple_tf.layer("dense3"):
+        h3 = tf.tanh(tf.matmul(h2, var("w3")) + tf.matmul(h0, var("skip")) + var("b3"))
+    with dapple_tf.layer("head"):
+        logits = tf.matmul(h3, var("wo"))
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        correct = tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels) if accuracy else None
+        share = tf.reduce_mean(tf.cast(correct, tf.float32)) if accuracy else None
+    return h2, logits, loss, share
 
 
 def batch(n, seed=1):
@@ -61,6 +69,35 @@ def tied_model_fn(values):
         with dapple_tf.layer("head"):
             logits = tf.matmul(h1, w0, transpose_b=True)  # [batch, IN] logits; labels < CLASSES <= IN
             return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+    return model_fn
+
+
+def batch_norm_model_fn(values):
+    """skip_model_fn's layers with a batch norm in dense1 (moving averages in UPDATE_OPS), the model's summaries
+    (a scalar mean, a histogram of activations) and extra outputs (logits, accuracy): what is combined over the
+    clones once per step."""
+
+    def var(name, initializer=None, trainable=True):
+        initializer = tf.constant(values[name]) if initializer is None else initializer
+        return tf.compat.v1.get_variable(name, initializer=initializer, trainable=trainable, use_resource=True)
+
+    def model_fn(features, labels):
+        with dapple_tf.layer("dense0"):
+            h0 = tf.tanh(tf.matmul(features, var("w0")) + var("b0"))
+        with dapple_tf.layer("dense1"):
+            mean, variance = tf.nn.moments(h0, [0])
+            for name, value, start in (("moving_mean", mean, tf.zeros([HIDDEN])),
+                                       ("moving_variance", variance, tf.ones([HIDDEN]))):
+                moving = var(name, start, trainable=False)
+                tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS,
+                                               moving.assign_sub((moving - value) * 0.1))
+            h1 = tf.tanh(tf.matmul((h0 - mean) * tf.math.rsqrt(variance + 1e-3), var("w1")) + var("b1"))
+            tf.compat.v1.summary.histogram("h1", h1)
+        h2, logits, loss, accuracy = _dense2_to_head(h0, h1, labels, var, accuracy=True)
+        tf.compat.v1.summary.scalar("loss", loss)
+        tf.compat.v1.summary.scalar("h2_mean", tf.reduce_mean(h2))
+        return loss, {"logits": logits, "accuracy": accuracy}
 
     return model_fn
 

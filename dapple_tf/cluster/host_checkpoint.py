@@ -15,7 +15,7 @@ checkpoints.
 
 import json
 import os
-from typing import Dict, List, Sequence, Set
+from typing import Dict, List, Sequence, Set, Tuple
 
 import tensorflow as tf
 
@@ -55,9 +55,13 @@ def owners(holdings: Dict[int, Dict[str, bool]]) -> Dict[str, int]:
     return out
 
 
-def held_variables(graph: tf.Graph, is_local) -> List[tf.Variable]:
-    """The global variables a task's session holds: on its devices, or unplaced."""
-    return [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) if is_local(v.device)]
+def held_variables(train_op: tf.Operation, is_local) -> Tuple[List[tf.Variable], Set[str]]:
+    """(the global variables a task's session holds, the names of those its step writes): those on its devices or
+    unplaced, and those of other tasks its step writes (the batch-norm moving averages the loss's task updates
+    for stages of other tasks: saved between its own steps, they are saved as written)."""
+    variables = train_op.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    written = written_variables(train_op, variables)
+    return [v for v in variables if is_local(v.device) or v.op.name in written], written
 
 
 class HostCheckpoints:

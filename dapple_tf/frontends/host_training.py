@@ -76,11 +76,11 @@ class HostTraining:
         tasks = sorted(tf.DeviceSpec.from_string(t).task for t in handle.tasks)
         host_session.wait_for_peers(self.cluster, handle.tasks[1:], self.options.worker_wait_s)
         if self.model_dir:
-            graph = handle.train_op.graph
-            held = host_checkpoint.held_variables(graph, lambda d: not _job(d) or task_of(d) == self.own_task)
+            held, written = host_checkpoint.held_variables(handle.train_op,
+                                                           lambda d: not _job(d) or task_of(d) == self.own_task)
             self.checkpoints = host_checkpoint.HostCheckpoints(
-                self.cluster, tasks, held, host_checkpoint.written_variables(handle.train_op, held), self.model_dir,
-                self.options.keep_checkpoints, self.options.worker_wait_s)
+                self.cluster, tasks, held, written, self.model_dir, self.options.keep_checkpoints,
+                self.options.worker_wait_s)
         with tf.control_dependencies(None):
             self._barrier = host_signals.FinishBarrier(self.cluster.task_index, tasks)
 

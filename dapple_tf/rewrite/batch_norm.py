@@ -205,6 +205,10 @@ class UpdateOps:
                     self.fixed[t.name] = t
             stack.extend(c for c in op.control_inputs if c not in stage_of and c in batch_dependent)
 
+    def combined_extras(self) -> List[outputs_lib.ExtraOutput]:
+        """What `build` combines over the clones, in the order it asks for them."""
+        return list(self.statistics.values()) if self.update_ops else []
+
     def build(self, combined: Callable[[outputs_lib.ExtraOutput], tf.Tensor], device: str) -> List[tf.Operation]:
         """The update ops, imported once, fed by the statistics averaged by `combined` (StageBuilder.combined)."""
         if not self.update_ops:

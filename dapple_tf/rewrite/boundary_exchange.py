@@ -1,6 +1,7 @@
 """The tensors a per-host graph exchanges with other tasks' graphs at stage boundaries: activations a consumer
 replica receives and its producer sends, gradient pieces a producer receives, and the loss terms summed on the
-loss's device (host_boundaries.py pairs the replicas, host_part.py moves the tensors). StageBuilder asks it while
+loss's device, and the clones' values of what is combined once per step (extra outputs, batch statistics,
+summaries' tensors) (host_boundaries.py pairs the replicas, host_part.py moves the tensors). StageBuilder asks it while
 it builds this task's clones; every method is also what the other task's graph computes for the same pair.
 """
 
@@ -19,6 +20,8 @@ class BoundaryExchange:
         """sizes: per stage, its replicas' slice sizes of a micro-batch; host: host_part.HostPart (or InGraph: every
         replica is local, nothing is sent or received)."""
         self.template, self.sizes, self.host = template, sizes, host
+        self._extras_sent = set()
+        self._extras_received: Dict[str, tf.Tensor] = {}
 
     def producer_outputs(self, ext, m: int, consumer: Tuple[int, int], start: int, size: int, device: str,
                          local_output: Callable[[int], tf.Tensor]) -> List[Optional[tf.Tensor]]:
@@ -97,6 +100,21 @@ class BoundaryExchange:
                 elif self.host.is_local(device):
                     terms.append(self.host.receive(key, loss_stage.loss.dtype, tf.TensorShape([]), device))
         return terms
+
+    def send_extra(self, tensor: tf.Tensor, s: int, m: int, j: int, value: tf.Tensor, device: str) -> None:
+        """Sends clone (s, m, j)'s `value` of template tensor `tensor` to `device`, once however often asked."""
+        key = host_boundaries.extra_key(tensor.name, s, j, m)
+        if key not in self._extras_sent:
+            self._extras_sent.add(key)
+            self.host.send(key, value, device)
+
+    def receive_extra(self, tensor: tf.Tensor, s: int, m: int, j: int, device: str) -> tf.Tensor:
+        """Clone (s, m, j)'s value of template tensor `tensor`, received on `device` by every step (what
+        send_extra sends in the clone's task)."""
+        key = host_boundaries.extra_key(tensor.name, s, j, m)
+        if key not in self._extras_received:
+            self._extras_received[key] = self.host.receive(key, tensor.dtype, tensor.shape, device, every_step=True)
+        return self._extras_received[key]
 
 
 def _piece_shape(shape: tf.TensorShape, batch_major: bool, samples: int, count: int) -> tf.TensorShape:

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from dapple_tf.errors import DappleError
-from dapple_tf.rewrite import gradient_replay
+from dapple_tf.rewrite import gradient_replay, host_boundaries, host_part
 
 Pairs = List[Tuple[object, tf.Variable]]
 
@@ -34,14 +34,42 @@ def _sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     return tensors[0] if len(tensors) == 1 else tf.reduce_sum(tf.stack(list(tensors)))
 
 
-def global_norm(square_sums: Dict[str, List[tf.Tensor]], device: str) -> tf.Tensor:
-    """sqrt of the sum of squares held per device (each summed on its device first), on `device`."""
-    per_device = []
+def global_norm(square_sums: Dict[str, List[tf.Tensor]], device: str, plan_devices: Sequence[str],
+                host) -> Optional[tf.Tensor]:
+    """sqrt of the sum of squares, on `device`: summed on each device holding some, then per task (its devices in
+    order), then over the plan's tasks in order (0 for a task holding none). In a per-host graph each task's sum
+    goes to `device` (one scalar per task and step): None where `device` is another task's."""
+    by_task: Dict[str, List[tf.Tensor]] = {}
     for d in sorted(square_sums):
+        task = host.task if host.per_host and host.is_local(d) else host_part.task_of(d)  # unplaced: this task's
         with tf.device(d):
-            per_device.append(_sum([tf.cast(t, tf.float32) for t in square_sums[d]]))
+            by_task.setdefault(task, []).append(_sum([tf.cast(t, tf.float32) for t in square_sums[d]]))
+    terms = []
+    for task in sorted(set(_first_devices(plan_devices)) | set(by_task)):
+        if host.per_host and task != host.task:
+            if host.is_local(device):
+                terms.append(host.receive(host_boundaries.norm_key(task), tf.float32, tf.TensorShape([]), device,
+                                          every_step=True))
+            continue
+        sums = by_task.get(task)
+        with tf.device(sums[0].device if sums else device):
+            term = _sum(sums) if sums else tf.constant(0.0)
+        if host.is_local(device):
+            terms.append(term)
+        else:
+            host.send(host_boundaries.norm_key(task), term, device)
+    if not host.is_local(device):
+        return None
     with tf.device(device):
-        return tf.sqrt(_sum(per_device), name="dapple_global_norm")
+        return tf.sqrt(_sum(terms), name="dapple_global_norm")
+
+
+def _first_devices(plan_devices: Sequence[str]) -> Dict[str, str]:
+    """Task -> its first device of the plan."""
+    out: Dict[str, str] = {}
+    for d in sorted(plan_devices):
+        out.setdefault(host_part.task_of(d), d)
+    return out
 
 
 def clip_scale(norm: tf.Tensor, clip_norm: float) -> tf.Tensor:
@@ -52,20 +80,45 @@ def clip_scale(norm: tf.Tensor, clip_norm: float) -> tf.Tensor:
         return scale + (norm - norm)
 
 
-def square_sums(grads_and_vars: Pairs, sparse_squares: Dict[tf.Variable, Dict[str, tf.Tensor]]
+def shared_clip_scale(norm: Optional[tf.Tensor], clip_norm: float, device: str, plan_devices: Sequence[str],
+                      host) -> tf.Tensor:
+    """clip_scale where the norm is; in a per-host graph, sent from there to every other task of the plan, which
+    receives it on its first device."""
+    if host.is_local(device):
+        scale = clip_scale(norm, clip_norm)
+        for task, first in sorted(_first_devices(plan_devices).items()):
+            if host.per_host and task != host.task:
+                host.send(host_boundaries.scale_key(task), scale, first)
+        return scale
+    return host.receive(host_boundaries.scale_key(host.task), tf.float32, tf.TensorShape([]),
+                        _first_devices(plan_devices)[host.task], every_step=True)
+
+
+def square_sums(grads_and_vars: Pairs, sparse_squares: Dict[tf.Variable, Dict[str, tf.Tensor]],
+                order: Sequence[tf.Variable], counted: Callable[[tf.Variable, str], bool]
                 ) -> Dict[str, List[tf.Tensor]]:
-    """Device -> the sums of squares it holds: a dense gradient's where it is, a sparse one's per device from
-    the accumulator (`sparse_squares`: variable -> device -> the sum of its gathered rows' squares)."""
+    """Device -> the sums of squares it holds, in `order` of the variables: a dense gradient's where it is (if
+    `counted(variable, device)`: each variable once over the per-host graphs), a sparse one's per device from the
+    accumulator (`sparse_squares`: variable -> device -> the sum of its gathered rows' squares)."""
     out: Dict[str, List[tf.Tensor]] = {}
-    for grad, variable in grads_and_vars:
+    for grad, variable in _in_order(grads_and_vars, order):
         if variable in sparse_squares:
             for d, squares in sparse_squares[variable].items():
                 out.setdefault(d, []).append(squares)
             continue
         dense = tf.convert_to_tensor(grad)
+        if not counted(variable, dense.device):
+            continue
         with tf.device(dense.device):
             out.setdefault(dense.device, []).append(tf.reduce_sum(tf.square(dense)))
     return out
+
+
+def _in_order(grads_and_vars: Pairs, order: Sequence[tf.Variable]) -> Pairs:
+    """The pairs in `order` of their variables, those it lacks last."""
+    by_variable = {id(v): (g, v) for g, v in grads_and_vars}
+    ordered = [by_variable[id(v)] for v in order if id(v) in by_variable]
+    return ordered + [p for p in grads_and_vars if p not in ordered]
 
 
 def clip_pairs(apply_pairs: Pairs, scale: tf.Tensor) -> Pairs:
@@ -82,8 +135,7 @@ def apply_gradient_fn(gradient_fn: Callable, grads_and_vars: Pairs, order: Seque
     """gradient_fn on the user's (gradient, variable) pairs in `order`; its result checked to hold each
     variable once, with a gradient."""
     by_variable = {id(v): (g, v) for g, v in grads_and_vars}
-    ordered = [by_variable[id(v)] for v in order if id(v) in by_variable]
-    ordered += [p for p in grads_and_vars if p not in ordered]
+    ordered = _in_order(grads_and_vars, order)
     result = gradient_fn(list(ordered))
     try:
         result = list(result)
@@ -113,18 +165,24 @@ def apply_gradient_fn(gradient_fn: Callable, grads_and_vars: Pairs, order: Seque
 
 def transform(grads_and_vars: Pairs, apply_pairs: Pairs, copies_of: Callable[[tf.Variable], Dict[str, tf.Variable]],
               clip_global_norm: Optional[float], gradient_fn: Optional[Callable], norm_device: str,
-              sparse_squares, order: Sequence[tf.Variable], script_flow=None) -> Tuple[Pairs, Optional[tf.Tensor]]:
+              sparse_squares, order: Sequence[tf.Variable], script_flow=None, host=None, plan_devices=(),
+              variable_devices=None) -> Tuple[Pairs, Optional[tf.Tensor]]:
     """The (gradient, copy) pairs to apply after clipping and gradient_fn, and the global norm (None without
-    clipping). With `script_flow` (script_training.GradientFlow), the script's own transform replaces both
-    (gradient_replay.py), and only the variables it applies are applied."""
+    clipping, and in a per-host graph but on the norm's task). With `script_flow` (script_training.GradientFlow),
+    the script's own transform replaces both (gradient_replay.py), and only the variables it applies are applied.
+    host, plan_devices, variable_devices: a per-host graph's host_part.HostPart, the plan's devices and
+    StageBuilder.variable_devices (which device of the cluster counts each variable's square)."""
+    host = host or host_part.InGraph()
     if script_flow is not None:
         transformed = {id(v): g for g, v in gradient_replay.replay(script_flow, grads_and_vars, sparse_squares,
                                                                    norm_device)}
         return _to_copies(transformed, grads_and_vars, apply_pairs, copies_of), None
     norm = None
     if clip_global_norm is not None:
-        norm = global_norm(square_sums(grads_and_vars, sparse_squares), norm_device)
-        scale = clip_scale(norm, clip_global_norm)
+        counted = _counted_once(copies_of, variable_devices) if host.per_host else (lambda v, d: True)
+        norm = global_norm(square_sums(grads_and_vars, sparse_squares, order, counted), norm_device, plan_devices,
+                           host)
+        scale = shared_clip_scale(norm, clip_global_norm, norm_device, plan_devices, host)
         if gradient_fn is None:
             return clip_pairs(apply_pairs, scale), norm
         grads_and_vars = clip_pairs(grads_and_vars, scale)
@@ -132,6 +190,17 @@ def transform(grads_and_vars: Pairs, apply_pairs: Pairs, copies_of: Callable[[tf
         return apply_pairs, norm
     transformed = {id(v): g for g, v in apply_gradient_fn(gradient_fn, grads_and_vars, order)}
     return _to_copies(transformed, grads_and_vars, apply_pairs, copies_of), norm
+
+
+def _counted_once(copies_of, variable_devices) -> Callable[[tf.Variable, str], bool]:
+    """Whether a per-host graph counts a variable's square where its gradient is: on the device where the one
+    graph has it (gradients.reduce_and_pair: the variable's own if it accumulates there, else the first that
+    does)."""
+    def counted(variable, device):
+        home = next((d for d, c in copies_of(variable).items() if c is variable), None)
+        devices = variable_devices[variable]
+        return device == (home if home in devices else devices[0])
+    return counted
 
 
 def _to_copies(transformed: Dict[int, object], grads_and_vars: Pairs, apply_pairs: Pairs, copies_of) -> Pairs:

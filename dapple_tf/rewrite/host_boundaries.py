@@ -81,3 +81,19 @@ def gradient_key(name: str, producer: Tuple[int, int], consumer: Tuple[int, int]
 def loss_key(replica: int, m: int) -> str:
     """The queue of the last stage's replica's weighted loss of micro-batch m, to the loss's device."""
     return f"dapple/loss/r{replica}/mb{m}"
+
+
+def extra_key(name: str, stage: int, replica: int, m: int) -> str:
+    """The queue of clone (stage, micro-batch m, replica)'s value of template tensor `name` (an extra output, a
+    batch statistic, a tensor a summary reads), to the device that combines the clones' values once per step."""
+    return f"dapple/extra/{name}/s{stage}r{replica}/mb{m}"
+
+
+def norm_key(task: str) -> str:
+    """The queue of task `task`'s sum of squares of its gradients, to the global norm's device (clipping)."""
+    return f"dapple/norm/{task}"
+
+
+def scale_key(task: str) -> str:
+    """The queue of the clipping scale, from the global norm's device to task `task`."""
+    return f"dapple/clip_scale/{task}"

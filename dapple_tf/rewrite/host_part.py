@@ -40,6 +40,9 @@ class InGraph:
     def sends(self) -> List[tf.Operation]:
         return []
 
+    def takes(self) -> List[tf.Operation]:
+        return []
+
 
 class HostPart:
     """The part of the cluster one task builds: its devices, and the queues to and from the other tasks."""
@@ -54,6 +57,7 @@ class HostPart:
         if self.task not in tasks:
             raise PlanError(f"own_task {self.task} runs none of the plan's devices; the plan's tasks: {tasks}")
         self._sends: List[tf.Operation] = []
+        self._takes: List[tf.Operation] = []
 
     def is_local(self, device: str) -> bool:
         """True for this task's devices, and for those of no job ("", "/device:CPU:0"), which its session places
@@ -69,8 +73,10 @@ class HostPart:
         self._sends.append(enqueue)
         return enqueue
 
-    def receive(self, key: str, dtype: tf.DType, shape: Optional[tf.TensorShape], at_device: str) -> tf.Tensor:
-        """Dequeues this step's tensor of queue `key` on this task's device `at_device`, of a known `shape`."""
+    def receive(self, key: str, dtype: tf.DType, shape: Optional[tf.TensorShape], at_device: str,
+                every_step: bool = False) -> tf.Tensor:
+        """Dequeues this step's tensor of queue `key` on this task's device `at_device`, of a known `shape`;
+        `every_step`: the step takes it even where no operation of the step reads it (kept for `takes`)."""
         with tf.control_dependencies(None):
             queue = self._queue(key, dtype, at_device)
         with tf.device(at_device):
@@ -79,11 +85,18 @@ class HostPart:
                 # as an op, so that grappler knows the shape too: it optimizes (fuses, folds) by shapes, and a
                 # dequeue's are unknown to it, which changed the last bits of some results against one graph
                 received = tf.ensure_shape(received, shape)
+        if every_step:
+            self._takes.append(received.op)
         return received
 
     def sends(self) -> List[tf.Operation]:
         """Every enqueue this graph makes: a step must run them all (no later task of this graph waits for some)."""
         return list(self._sends)
+
+    def takes(self) -> List[tf.Operation]:
+        """The receives a step must run though none of its operations reads them (what is combined once per step
+        for a fetch or a summary): their senders send every step."""
+        return list(self._takes)
 
     @staticmethod
     def _queue(key: str, dtype: tf.DType, device: str) -> tf.queue.FIFOQueue:
@@ -103,10 +116,8 @@ def check_supported(host, options, replication_devices, script) -> None:
     refused = []
     if options.cross_process_reduce is not None:
         refused.append("cross_process_reduce (Horovod)")
-    if options.clip_global_norm is not None:
-        refused.append("clip_global_norm (the norm spans every task's gradients)")
     if options.gradient_fn is not None:
-        refused.append("gradient_fn")
+        refused.append("gradient_fn (it sees every task's gradients at once)")
     if script is not None and script.flow.ops:
         refused.append(f"a script's own gradient transform (apply_gradients at {script.where})")
     if options.batch_norm == "sync" and any(len(devices) > 1 and tf.DeviceSpec.from_string(devices[0]).device_type
@@ -119,9 +130,9 @@ def check_supported(host, options, replication_devices, script) -> None:
 
 
 def step_op(train_op: tf.Operation, host, loss) -> tf.Operation:
-    """The step of a per-host graph: the apply, every send (no later task waits for some), and the loss where it
-    is summed (its terms arrive every step and must be taken)."""
+    """The step of a per-host graph: the apply, every send (no later task waits for some), and every receive of
+    what arrives every step: the loss where it is summed, and the values combined once per step."""
     if not host.per_host:
         return train_op
-    extra = host.sends() + ([loss.op] if loss is not None else [])
+    extra = host.sends() + host.takes() + ([loss.op] if loss is not None else [])
     return tf.group(train_op, *extra, name="dapple_host_step")

@@ -14,7 +14,7 @@ Anything else (a batch statistic that is not a scalar mean) is refused at build 
 """
 
 import dataclasses
-from typing import Dict, Mapping, Sequence, Tuple
+from typing import Dict, List, Mapping, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -85,6 +85,14 @@ def check_clone_rows(extra: ExtraOutput, clone_tensor: tf.Tensor, rows: int) -> 
         )
 
 
+def clone_keys(extra: ExtraOutput, num_micro_batches: int, replicas: int) -> List[Tuple[int, int]]:
+    """The (micro-batch, replica) clones whose values `combine` reads for `extra`, in the order it reads them."""
+    if extra.kind in (FIXED, INPUT):
+        return []
+    micro_batches = 1 if extra.kind == FIRST else num_micro_batches
+    return [(m, j) for m in range(micro_batches) for j in range(replicas)]
+
+
 def combine(
     extra: ExtraOutput,
     per_clone: Mapping[Tuple[int, int], tf.Tensor],
@@ -99,10 +107,9 @@ def combine(
     if extra.kind == INPUT:
         return inputs[extra.tensor.name]
     global_batch = sum(sizes) * num_micro_batches
-    order = [(m, j) for m in range(num_micro_batches) for j in range(len(sizes))]
+    order = clone_keys(extra, num_micro_batches, len(sizes))
     with tf.device(devices[0]), tf.name_scope("dapple/outputs"):
         if extra.kind in (BATCH, FIRST):
-            order = order if extra.kind == BATCH else [(0, j) for j in range(len(sizes))]
             for m, j in order:
                 check_clone_rows(extra, per_clone[(m, j)], sizes[j])
             return microbatch.concat_rows([per_clone[key] for key in order])

@@ -176,9 +176,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     builder.build_forward()
     builder.build_backward()
     builder.chain()
-    extra_outputs = builder.extra_outputs()
-    update_ops = updates.build(builder.combined, layout.stages[-1].devices[0])
-    model_summaries.build(builder.combined, layout.stages[-1].devices[0])
+    extra_outputs, update_ops = _combined_once(builder, updates, model_summaries, layout.stages[-1].devices[0], host)
     loss_terms = builder.loss_terms(layout.stages[-1].devices[0])
     loss_mean = None
     if loss_terms:
@@ -213,6 +211,20 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
         ready_for_local_init_op=ready,
         tasks=_tasks_used(host, graph) if host.per_host else (),
     )
+
+
+def _combined_once(builder, updates, model_summaries, device: str, host):
+    """(extra outputs, update ops): what is combined over every clone once per step on `device` (the loss's), and
+    the model's summaries. A per-host graph of another task sends its clones' values there instead, and has none
+    of them."""
+    if host.is_local(device):
+        extra_outputs = builder.extra_outputs()
+        update_ops = updates.build(builder.combined, device)
+        model_summaries.build(builder.combined, device)
+        return extra_outputs, update_ops
+    builder.send_extras(list(builder.template.extras) + updates.combined_extras() + model_summaries.combined_extras())
+    model_summaries.build(None, device)
+    return {}, []
 
 
 def _check_inputs(optimizer, plan, options: Optional[PipelineOptions]) -> Tuple[PipelineOptions, Plan]:
@@ -317,10 +329,10 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     # step with its own message, not with the collectives it would otherwise cancel mid-flight.
     stale_copy_check = copies.stale_copy_check()
     first_reduce_op = len(graph.get_operations())
+    variable_devices = builder.variable_devices() if host is not None and host.per_host else None
     grads_and_vars, apply_pairs = gradients.reduce_and_pair(
         builder.accumulator, copies, keys, options.cross_process_reduce, options.allreduce_bucket_bytes,
-        start_after=stale_copy_check, host=host,
-        variable_devices=builder.variable_devices() if host is not None and host.per_host else None)
+        start_after=stale_copy_check, host=host, variable_devices=variable_devices)
     allreduce_op_names = tuple(op.name for op in graph.get_operations()[first_reduce_op:])
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
@@ -335,12 +347,15 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
             "process holds only its own of)")
     apply_pairs, norm = gradient_transforms.transform(
         grads_and_vars, apply_pairs, copies.copies_of, options.clip_global_norm, options.gradient_fn, norm_device,
-        sparse_squares, tf.compat.v1.trainable_variables(), script.flow if script else None)
+        sparse_squares, tf.compat.v1.trainable_variables(), script.flow if script else None, host=host,
+        plan_devices=[d for stage in builder.layout.stages for d in stage.devices], variable_devices=variable_devices)
     applied_variables = {v for _, v in apply_pairs}
-    remote_users = [user for user, copy in copies.extra_copies()
-                    if copy in applied_variables and host is not None and not host.is_local(user.device)]
+    remote_users = {}  # each once, though this task may hold several copies of it
+    for user, copy in copies.extra_copies():
+        if copy in applied_variables and host is not None and not host.is_local(user.device):
+            remote_users.setdefault(id(user), user)
     applied = apply_step.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check,
-                               applied_before=script is not None, remote_users=remote_users)
+                               applied_before=script is not None, remote_users=list(remote_users.values()))
     train_op = tf.group(applied.apply_op, *update_ops, name="dapple_train") if update_ops else applied.apply_op
     return _Step(train_op, grads_and_vars, allreduce_op_names, applied.slot_pairs, norm)
 

@@ -351,22 +351,35 @@ class StageBuilder:
         return {extra.name: self.combined(extra) for extra in self.template.extras}
 
     def combined(self, extra) -> tf.Tensor:
-        """One outputs.ExtraOutput's global-batch value, from the clones of its stage."""
+        """One outputs.ExtraOutput's global-batch value, from the clones of its stage. In a per-host graph that
+        combines on the loss's device (StageBuilder.send_extras), the values of other tasks' clones are received;
+        and a stage whose first device is another task's is combined on the loss's device."""
         s = extra.stage
         sizes = self._sizes[s] if s >= 0 else ()
-        if s >= 0 and not all(map(self.host.is_local, self.template.stages[s].stage.devices)):
-            raise PerHostError(
-                f"{extra.name}, computed by stage {s}, is needed once per step (an extra output, a batch-norm update or "
-                "a summary), but per-host graphs (PipelineOptions.own_task) do not yet combine a stage's values across "
-                "tasks: build one graph for the cluster (own_task=None)")
-        per_clone = {
-            (m, j): self.clones[(s, m, j)].extras[extra.tensor.name]
-            for m in range(self.layout.num_micro_batches)
-            for j in range(len(sizes))
-        }
         devices = self.template.stages[s].stage.devices if s >= 0 else ()
+        loss_device = self.layout.stages[-1].devices[0]
+        per_clone = {}
+        for m, j in outputs_lib.clone_keys(extra, self.layout.num_micro_batches, len(sizes)):
+            if self.host.is_local(devices[j]):
+                per_clone[(m, j)] = self.clones[(s, m, j)].extras[extra.tensor.name]
+            else:
+                per_clone[(m, j)] = self.exchange.receive_extra(extra.tensor, s, m, j, loss_device)
+        if devices and not self.host.is_local(devices[0]):
+            devices = (loss_device,)
         return outputs_lib.combine(extra, per_clone, sizes, self.layout.num_micro_batches, devices,
                                    self.template.inputs)
+
+    def send_extras(self, extras) -> None:
+        """In a per-host graph of a task that is not the loss's: sends this task's clones' values of `extras`
+        (outputs.ExtraOutput) to the loss's device, where `combined` combines them, in the same order."""
+        loss_device = self.layout.stages[-1].devices[0]
+        for extra in extras:
+            s = extra.stage
+            sizes = self._sizes[s] if s >= 0 else ()
+            for m, j in outputs_lib.clone_keys(extra, self.layout.num_micro_batches, len(sizes)):
+                if self.host.is_local(self.template.stages[s].stage.devices[j]):
+                    self.exchange.send_extra(extra.tensor, s, m, j, self.clones[(s, m, j)].extras[extra.tensor.name],
+                                             loss_device)
 
     # -- backward --------------------------------------------------------------------------
     def build_backward(self) -> None:

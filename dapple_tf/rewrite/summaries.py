@@ -17,7 +17,7 @@ Streaming metrics update once per step in which their summary runs, from the who
 
 import dataclasses
 import warnings
-from typing import Callable, Dict, List, Set
+from typing import Callable, Dict, List, Optional, Set
 
 import tensorflow as tf
 
@@ -73,16 +73,21 @@ class Summaries:
             if extra.tensor not in wanted:
                 wanted.append(extra.tensor)
 
-    def build(self, combined: Callable[[outputs_lib.ExtraOutput], tf.Tensor], device: str) -> None:
+    def combined_extras(self) -> List[outputs_lib.ExtraOutput]:
+        """What `build` combines over the clones, in the order it asks for them."""
+        return list(self.extras.values()) if self.readers else []
+
+    def build(self, combined: Optional[Callable[[outputs_lib.ExtraOutput], tf.Tensor]], device: str) -> None:
         """Imports the summaries once on the combined values and puts them in SUMMARIES in place of the
-        template's (StageBuilder.combined gives the values)."""
+        template's (StageBuilder.combined gives the values). combined=None (a per-host graph that does not
+        combine them): the template's are removed and none is imported."""
         collection = self.graph.get_collection_ref(tf.compat.v1.GraphKeys.SUMMARIES)
         replaced = {id(r.summary) for r in self.readers}
         dropped = {name.split(" ")[0] for name in self.dropped}
-        imported = self._imported(combined, device) if self.readers else {}
+        imported = self._imported(combined, device) if self.readers and combined else {}
         collection[:] = [imported.get(id(s), s) for s in collection
-                         if id(s) in replaced or getattr(s, "op", s).name not in dropped]
-        if self.dropped:
+                         if id(s) in imported or id(s) not in replaced and getattr(s, "op", s).name not in dropped]
+        if self.dropped and combined:
             warnings.warn(f"summaries {self.dropped} read the batch in a way the pipeline cannot compute once per "
                           "step; they are not recorded in pipelined training", UserWarning, stacklevel=3)
 

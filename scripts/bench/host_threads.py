@@ -19,8 +19,9 @@ def run(tasks: Sequence[Tuple[object, object, str]], steps: int, config=None,
     """`tasks`: (graph, PipelineHandle, session target) per task, task 0 first. All run at once: host_session.start
     (with `initialize(session, handle, task)` instead of the handle's initializer when given), then `steps` steps.
     Returns per task {"losses": the loss after each step (empty but on the loss's task), "weights": {name: value}
-    of the trained variables the task owns, "ops": its graph's operations}; raises RuntimeError naming every task's
-    error."""
+    of the trained variables the task owns, "variables": of all its global variables (optimizer slots, moving
+    averages), "outputs": handle.outputs fetched with each step, "summaries": the merged summaries (serialized) and
+    "global_norms": the gradients' global norm (clip_global_norm) of each step on the loss's task, "ops": its graph's operations}; raises RuntimeError naming every task's error."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from dapple_tf.cluster import host_session  # pylint: disable=import-outside-toplevel
@@ -32,14 +33,23 @@ def run(tasks: Sequence[Tuple[object, object, str]], steps: int, config=None,
         try:
             options = handle.session_config(config or tf.compat.v1.ConfigProto(
                 operation_timeout_in_ms=int(timeout_s * 1000)))
+            with graph.as_default():
+                merged = tf.compat.v1.summary.merge_all() if handle.loss is not None else None
+                fetches = {"train": handle.train_op, "outputs": handle.outputs}
+                fetches.update({k: v for k, v in (("loss", handle.loss), ("summary", merged),
+                                                  ("global_norm", handle.global_norm)) if v is not None})
             with graph.as_default(), tf.compat.v1.Session(target, config=options) as sess:
                 own_init = (lambda: initialize(sess, handle, task)) if initialize else None
                 host_session.start(sess, handle, timeout_s, initialize=own_init)
-                fetches = [handle.train_op] + ([handle.loss] if handle.loss is not None else [])
-                losses = [sess.run(fetches)[1:] for _ in range(steps)]
-                variables = [v for _, v in handle.grads_and_vars if owns(task, v.device)]
-                results[task] = {"losses": [float(l[0]) for l in losses if l],
-                                 "weights": dict(zip([v.op.name for v in variables], sess.run(variables))),
+                ran = [sess.run(fetches) for _ in range(steps)]
+                trained = [v for _, v in handle.grads_and_vars if owns(task, v.device)]
+                variables = [v for v in tf.compat.v1.global_variables() if owns(task, v.device)]
+                results[task] = {"losses": [float(r["loss"]) for r in ran if "loss" in r],
+                                 "weights": dict(zip([v.op.name for v in trained], sess.run(trained))),
+                                 "variables": dict(zip([v.op.name for v in variables], sess.run(variables))),
+                                 "outputs": [r["outputs"] for r in ran],
+                                 "summaries": [r["summary"] for r in ran if "summary" in r],
+                                 "global_norms": [float(r["global_norm"]) for r in ran if "global_norm" in r],
                                  "ops": len(graph.get_operations())}
         except Exception as e:  # pylint: disable=broad-except
             errors.append(f"task {task}: {type(e).__name__}: {e}")
