@@ -76,15 +76,18 @@ def _assert_same(a, b, exact=True, optimizer_state="dense_0/fc_kernel/Adam"):
 
 @pytest.mark.slow
 def test_per_host_checkpoints_are_the_one_graphs_and_resume_each_other(tmp_path):
-    """A straight pipeline over 2 tasks with Adam: 6 steps per host and as one graph give the same checkpoints to
-    the last bit, then each run resumes from the other's checkpoint to step 9, again the same."""
+    """A straight pipeline over 2 tasks with Adam: 6 steps per host and as one graph give the same checkpoints and
+    held-out losses to the last bit, then each run resumes from the other's checkpoint to step 9, again the same."""
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
     per_host, one_graph = tmp_path / "per_host", tmp_path / "one_graph"
-    out = _train("local:2x1", plan, per_host, 6, "--per_host")
+    out = _train("local:2x1", plan, per_host, 6, "--per_host", model=("--model=mlp", "--eval_every=3"))
     assert "[worker 1] step 6/6  loss" in out and "[worker 0] step" not in out  # the loss's task logs
-    assert "[worker 0] done: step 6;" in out
-    _train("local:2x1", plan, one_graph, 6)
+    assert "[worker 1] step 3: held-out loss" in out and "[worker 0] done: step 6;" in out
+    _train("local:2x1", plan, one_graph, 6, model=("--model=mlp", "--eval_every=3"))
     _assert_same(_checkpoint(per_host / "model.ckpt-6"), _checkpoint(one_graph / "model.ckpt-6"))
+    # held-out loss at steps 3 and 6: every task's variables at that step, read by the loss's task
+    assert len(_summaries(per_host)["eval_loss"]) == 2
+    assert _summaries(per_host)["eval_loss"] == _summaries(one_graph)["eval_loss"]
     assert tf.train.get_checkpoint_state(str(per_host)).all_model_checkpoint_paths[-2].endswith("model.ckpt-3")
     assert host_checkpoint.PARTS_DIR not in os.listdir(per_host)  # the parts were merged
     assert {"loss", "step_time_ms"} <= set(_summaries(per_host))
@@ -184,6 +187,19 @@ def test_per_host_training_needs_a_plan_file():
     assert result.returncode == 1
     assert ("error: training per host (TF_CONFIG names this process worker task 1) needs --plan: every task must "
             "build its part of the same plan") in result.stderr
+
+
+def test_what_per_host_training_does_not_do_yet_is_refused_by_name():
+    from dapple_tf.errors import PerHostError  # pylint: disable=import-outside-toplevel
+    from dapple_tf.frontends import host_training, trainer  # pylint: disable=import-outside-toplevel
+
+    options = trainer.TrainerOptions(save_checkpoints_secs=60, trace_path="step.json", eval_every=5)
+    with pytest.raises(PerHostError) as raised:
+        host_training.check_supported(options, horovod=None)
+    assert str(raised.value) == (
+        "training per host (TF_CONFIG names this process a worker task) does not support save_checkpoints_secs (the "
+        "tasks must save at the same steps: use save_checkpoints_steps); a traced step (trace_path) yet: run "
+        "dapple_train as the chief (one graph for the cluster)")
 
 
 def test_owners_one_writer_else_the_first_writer_else_the_first_holder():

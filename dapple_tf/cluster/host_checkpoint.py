@@ -7,7 +7,7 @@ advances its own alike). So at start each task tells the others which variables 
 devices, or unplaced: on its own task) and which of them its step writes (`Holdings`); each variable is then saved
 by the one task that writes it, by the first of several that all write it (copies kept alike), or else by the first
 that holds it (`owners`). At a checkpoint step every task saves what it owns as a part, tasks 1.. tell task 0 that
-theirs is written (host_signals.PartTokens), and task 0 merges the parts into `model.ckpt-<step>`
+theirs is written (host_signals.StepTokens), and task 0 merges the parts into `model.ckpt-<step>`
 (MergeV2Checkpoints moves the data files, it does not copy them) and records it as the latest. A restore reads
 every variable a task holds by name. model_dir must be shared by the tasks, as for TensorFlow's own multi-worker
 checkpoints.
@@ -77,7 +77,7 @@ class HostCheckpoints:
             owned = {v.op.name: v for v in held if owner[v.op.name] == self.own}
             self._part_saver = tf.compat.v1.train.Saver(owned, max_to_keep=None) if owned else None
             self.restore_saver = tf.compat.v1.train.Saver({v.op.name: v for v in held}, max_to_keep=None)
-            self._tokens = host_signals.PartTokens(self.own, tasks)
+            self._tokens = host_signals.StepTokens("part_written", self.own, tasks[1:], tasks[:1])
             if self.own == self.lead:
                 self._parts = tf.compat.v1.placeholder(tf.string, [None])
                 self._destination = tf.compat.v1.placeholder(tf.string, [])

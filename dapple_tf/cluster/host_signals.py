@@ -3,7 +3,8 @@ others outside the training step.
 
 - `exchange_texts`: every task gives every other one text, once, in a graph of its own (before the training graph
   is finalized: what the texts say can still shape it).
-- `PartTokens`: tasks 1.. tell task 0 that they finished something for a step (wrote their part of a checkpoint).
+- `StepTokens`: some tasks tell others that they finished something for a step (wrote their part of a
+  checkpoint; finished the step, before a held-out evaluation reads every task's variables).
 - `FinishBarrier`: no task leaves before every task has finished its last step: a task's server ends with its
   process, and the others may still need it until then.
 
@@ -55,29 +56,34 @@ def exchange_texts(cluster: TFCluster, tasks: Sequence[int], text: str, timeout_
     return texts
 
 
-class PartTokens:
-    """Tasks 1.. enqueue a step number on task 0 (`send`); task 0 takes one from each (`take`)."""
+class StepTokens:
+    """Each of `senders` tells each of `receivers` that it is done with something for a step (`send`); a receiver
+    takes one from each sender (`take`). Checkpoint parts: tasks 1.. to task 0; held-out evaluation: every task to
+    the evaluating one, then it to every other."""
 
-    def __init__(self, own: int, tasks: Sequence[int]):
-        self.own, self.tasks = own, list(tasks)
-        self._step = tf.compat.v1.placeholder(tf.int64, [], name="dapple/host_signals/part_step")
-        if own == self.tasks[0]:
-            self._take = {t: _queue("part_written", own, tf.int64, 4, sender=t).dequeue() for t in self.tasks[1:]}
-        else:
-            self._send = _queue("part_written", self.tasks[0], tf.int64, 4, sender=own).enqueue(self._step)
+    def __init__(self, name: str, own: int, senders: Sequence[int], receivers: Sequence[int]):
+        self.name, self.own = name, own
+        self._step = tf.compat.v1.placeholder(tf.int64, [], name=f"dapple/host_signals/{name}_step")
+        self._send = [_queue(name, t, tf.int64, 4, sender=own).enqueue(self._step)
+                      for t in receivers if own in senders and t != own]
+        self._take = {t: _queue(name, own, tf.int64, 4, sender=t).dequeue()
+                      for t in senders if own in receivers and t != own}
 
     def send(self, session, step: int) -> None:
-        session.run(self._send, {self._step: step})
+        if self._send:
+            session.run(self._send, {self._step: step})
 
-    def take(self, session, step: int, what: str) -> None:
-        """Waits for every other task's token; raises ClusterError naming a task that sent another step or none."""
+    def take(self, session, step: int, what: str, timeout_s: float = None) -> None:
+        """Waits for every sender's token (within `timeout_s`, else the session's timeout); raises ClusterError
+        naming a task that sent another step or none."""
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_s * 1000)) if timeout_s else None
         for task, token in self._take.items():
             try:
-                got = int(session.run(token))
+                got = int(session.run(token, options=options))
             except tf.errors.DeadlineExceededError:
                 raise ClusterError(f"worker task {task} did not finish {what} of step {step} in time") from None
             if got != step:
-                raise ClusterError(f"worker task {task} finished {what} of step {got}, task {self.tasks[0]} of "
+                raise ClusterError(f"worker task {task} finished {what} of step {got}, task {self.own} of "
                                    f"step {step}: the tasks are not training the same steps")
 
 

@@ -7,6 +7,7 @@ the same training program, starts its own server and builds only its own part of
 - checkpoints are written in parts and merged by task 0 (host_checkpoint.py), at every `save_checkpoints_steps`
   global steps (the same steps on every task) and at the end;
 - the task that sums the loss logs progress and writes the summaries; the others are quiet;
+- held-out evaluation: every `eval_every` steps the tasks wait for each other, then the loss's task evaluates;
 - at the end no task leaves before every task has finished (host_signals.FinishBarrier): a task's server ends with
   its process. A task that is lost before then ends every other within the failure timeout, naming it (the
   Trainer's watchdog, which runs in every task).
@@ -19,7 +20,7 @@ import tensorflow as tf
 
 from dapple_tf.cluster import host_checkpoint, host_session, host_signals
 from dapple_tf.cluster.servers import ClusterError, TFCluster
-from dapple_tf.errors import DappleError
+from dapple_tf.errors import PerHostError
 from dapple_tf.rewrite.host_part import task_of
 
 
@@ -33,14 +34,12 @@ def check_supported(options, horovod) -> None:
     refused = []
     if options.save_checkpoints_secs:
         refused.append("save_checkpoints_secs (the tasks must save at the same steps: use save_checkpoints_steps)")
-    if options.eval_every:
-        refused.append("held-out evaluation (eval_every)")
     if options.trace_path:
         refused.append("a traced step (trace_path)")
     if horovod is not None:
         refused.append("Horovod")
     if refused:
-        raise DappleError(f"training per host (TF_CONFIG names this process a worker task) does not support "
+        raise PerHostError(f"training per host (TF_CONFIG names this process a worker task) does not support "
                           f"{'; '.join(refused)} yet: run dapple_train as the chief (one graph for the cluster)")
 
 
@@ -83,6 +82,11 @@ class HostTraining:
                 self.options.worker_wait_s)
         with tf.control_dependencies(None):
             self._barrier = host_signals.FinishBarrier(self.cluster.task_index, tasks)
+            if self.options.eval_every:
+                own, evaluator = self.cluster.task_index, tf.DeviceSpec.from_string(handle.stages[-1].devices[0]).task
+                others = [t for t in tasks if t != evaluator]
+                self._arrived = host_signals.StepTokens("eval_ready", own, others, [evaluator])
+                self._released = host_signals.StepTokens("eval_done", own, [evaluator], others)
 
     def scaffold(self) -> tf.compat.v1.train.Scaffold:
         """Starts the session as host_session.start does, restoring this task's variables when there is a
@@ -99,10 +103,17 @@ class HostTraining:
         return tf.compat.v1.train.Scaffold(init_op=tf.no_op(), init_fn=start, ready_op=ready,
                                            ready_for_local_init_op=ready, local_init_op=tf.no_op(), saver=saver)
 
-    def hooks(self, global_step) -> List[tf.compat.v1.train.SessionRunHook]:
-        if not self.checkpoints or not self.options.save_checkpoints_steps:
-            return []
-        return [host_checkpoint.CheckpointHook(self.checkpoints, global_step, self.options.save_checkpoints_steps)]
+    def hooks(self, global_step, evaluate=None) -> List[tf.compat.v1.train.SessionRunHook]:
+        """The checkpoints' hook, then held-out evaluation's (in this order on every task, since each waits for the
+        others); evaluate(session): the evaluating task's evaluation."""
+        hooks = []
+        if self.checkpoints and self.options.save_checkpoints_steps:
+            hooks.append(host_checkpoint.CheckpointHook(self.checkpoints, global_step,
+                                                        self.options.save_checkpoints_steps))
+        if self.options.eval_every:
+            hooks.append(_HeldOutEvaluation(self._arrived, self._released, global_step, self.options.eval_every,
+                                            evaluate))
+        return hooks
 
     def finish(self, session, step: int, watchdog) -> None:
         """The last checkpoint, then the wait for every task to finish."""
@@ -117,3 +128,29 @@ class HostTraining:
 
 def _job(device: str) -> Optional[str]:
     return tf.DeviceSpec.from_string(device).job
+
+
+class _HeldOutEvaluation(tf.compat.v1.train.SessionRunHook):
+    """Every `every` steps: each task tells the evaluating one (the loss's) that its step is done and waits; that
+    task evaluates model_fn on held-out data, every task's variables at that step, then lets the others go on."""
+
+    def __init__(self, arrived, released, global_step, every: int, evaluate):
+        self._arrived, self._released, self._global_step = arrived, released, global_step
+        self._every, self._evaluate = every, evaluate
+        self._step = 0
+
+    def after_create_session(self, session, coord):
+        del coord
+        self._step = int(session.run(self._global_step))
+
+    def after_run(self, run_context, run_values):
+        self._step += 1
+        if self._step % self._every:
+            return
+        session = run_context.session
+        self._arrived.send(session, self._step)
+        self._arrived.take(session, self._step, "its step, before the held-out evaluation")
+        if self._evaluate is not None:
+            self._evaluate(session)
+        self._released.send(session, self._step)
+        self._released.take(session, self._step, "the held-out evaluation")

@@ -152,15 +152,17 @@ class Trainer:
             lead = per_host is None or handle.loss is not None  # per host: the loss's task logs and summarizes
             log = self.log if lead else (lambda text: None)
             model_summaries = tf.compat.v1.summary.merge_all() if lead else None  # the model's own, rebuilt
-            eval_loss = self._eval_loss(graph, global_step) if self.eval_input_fn and not per_host else None
+            eval_loss = self._eval_loss(graph, global_step) if self.eval_input_fn and lead else None
             batch = _batch_size(features)
             progress = _ProgressHook(handle.loss, global_step, batch, steps, self.model_dir if lead else None,
-                                     self.options, eval_loss, log, model_summaries)
+                                     self.options, None if per_host else eval_loss, log, model_summaries)
             hooks = [tf.compat.v1.train.StopAtStepHook(last_step=steps), progress] + self.hooks
             if per_host:
                 per_host.prepare(handle, log)
                 scaffold, master, checkpoint_dir = per_host.scaffold(), per_host.master, None
-                hooks += per_host.hooks(global_step)
+                evaluate = (lambda session: progress.evaluated(session.run(eval_loss))) if eval_loss is not None \
+                    else None
+                hooks += per_host.hooks(global_step, evaluate)
             else:
                 scaffold, checkpoint_dir = self._scaffold_and_hooks(handle, hooks), self.model_dir
                 master = self.cluster.target if self.cluster else ""
@@ -316,9 +318,7 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
                 scalars[f"peak_memory_mib/{device.strip('/').replace('/', '_')}"] = peak / 2**20
         evaluate = self._eval_loss is not None and self._options.eval_every and self.step % self._options.eval_every == 0
         if evaluate:
-            self.last_eval = float(run_context.session.run(self._eval_loss))
-            scalars["eval_loss"] = self.last_eval
-            self._log(f"step {self.step}: held-out loss {self.last_eval:.4f}")
+            scalars["eval_loss"] = self._held_out(run_context.session.run(self._eval_loss))
         if self._writer and (self._trace_next or evaluate or self.step % self._options.summary_every == 0):
             self._write(scalars)
         if "summary" in run_values.results:
@@ -330,6 +330,17 @@ class _ProgressHook(tf.compat.v1.train.SessionRunHook):
                       f"{self._window_steps * self._batch / max(window, 1e-9):.1f} samples/s  "
                       f"{window / self._window_steps * 1e3:.1f} ms/step")
             self._window_start, self._window_steps = time.perf_counter(), 0
+
+    def _held_out(self, loss) -> float:
+        self.last_eval = float(loss)
+        self._log(f"step {self.step}: held-out loss {self.last_eval:.4f}")
+        return self.last_eval
+
+    def evaluated(self, loss) -> None:
+        """A held-out loss evaluated after this step by another hook (per-host training's): logged and written."""
+        self._held_out(loss)
+        if self._writer:
+            self._write({"eval_loss": self.last_eval})
 
     def _write(self, scalars: Dict[str, float]):
         values = [tf.compat.v1.Summary.Value(tag=k, simple_value=v) for k, v in sorted(scalars.items())]
