@@ -131,21 +131,3 @@ class HostCheckpoints:
                 tf.io.gfile.remove(name)
         kept = kept[-self.keep:] if self.keep else kept
         tf.compat.v1.train.update_checkpoint_state(self.model_dir, path, all_model_checkpoint_paths=kept)
-
-
-class CheckpointHook(tf.compat.v1.train.SessionRunHook):
-    """Saves a part every `every_steps` global steps (the same steps on every task). The steps are counted from the
-    global step read once at start: a value fetched beside a step may be read before or after its increment."""
-
-    def __init__(self, checkpoints: HostCheckpoints, global_step, every_steps: int):
-        self._checkpoints, self._global_step, self._every = checkpoints, global_step, every_steps
-        self._step = 0
-
-    def after_create_session(self, session, coord):
-        del coord
-        self._step = int(session.run(self._global_step))
-
-    def after_run(self, run_context, run_values):
-        self._step += 1
-        if self._every and self._step % self._every == 0:
-            self._checkpoints.save(run_context.session, self._step)

@@ -109,3 +109,22 @@ class FinishBarrier:
             missing = [f"worker task {t}" for t in self.others if t not in finished]
             raise ClusterError(f"{', '.join(missing)} did not finish training within {timeout_s:g} s of worker "
                                f"task {self.own}") from None
+
+
+class EveryStepsHook(tf.compat.v1.train.SessionRunHook):
+    """Calls `action(session, step)` every `every_steps` global steps, the same steps on every task. The steps are
+    counted from the global step read once at start: a value fetched beside a step may be read before or after its
+    increment."""
+
+    def __init__(self, global_step, every_steps: int, action):
+        self._global_step, self._every, self._action = global_step, every_steps, action
+        self._step = 0
+
+    def after_create_session(self, session, coord):
+        del coord
+        self._step = int(session.run(self._global_step))
+
+    def after_run(self, run_context, run_values):
+        self._step += 1
+        if self._every and self._step % self._every == 0:
+            self._action(run_context.session, self._step)

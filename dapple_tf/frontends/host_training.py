@@ -108,12 +108,22 @@ class HostTraining:
         others); evaluate(session): the evaluating task's evaluation."""
         hooks = []
         if self.checkpoints and self.options.save_checkpoints_steps:
-            hooks.append(host_checkpoint.CheckpointHook(self.checkpoints, global_step,
-                                                        self.options.save_checkpoints_steps))
+            hooks.append(host_signals.EveryStepsHook(global_step, self.options.save_checkpoints_steps,
+                                                     self.checkpoints.save))
         if self.options.eval_every:
-            hooks.append(_HeldOutEvaluation(self._arrived, self._released, global_step, self.options.eval_every,
-                                            evaluate))
+            hooks.append(host_signals.EveryStepsHook(global_step, self.options.eval_every,
+                                                     lambda session, step: self._held_out(session, step, evaluate)))
         return hooks
+
+    def _held_out(self, session, step: int, evaluate) -> None:
+        """Each task tells the evaluating one (the loss's) that its step is done and waits; that task evaluates
+        model_fn on held-out data, every task's variables at that step, then lets the others go on."""
+        self._arrived.send(session, step)
+        self._arrived.take(session, step, "its step, before the held-out evaluation")
+        if evaluate is not None:
+            evaluate(session)
+        self._released.send(session, step)
+        self._released.take(session, step, "the held-out evaluation")
 
     def finish(self, session, step: int, watchdog) -> None:
         """The last checkpoint, then the wait for every task to finish."""
@@ -128,29 +138,3 @@ class HostTraining:
 
 def _job(device: str) -> Optional[str]:
     return tf.DeviceSpec.from_string(device).job
-
-
-class _HeldOutEvaluation(tf.compat.v1.train.SessionRunHook):
-    """Every `every` steps: each task tells the evaluating one (the loss's) that its step is done and waits; that
-    task evaluates model_fn on held-out data, every task's variables at that step, then lets the others go on."""
-
-    def __init__(self, arrived, released, global_step, every: int, evaluate):
-        self._arrived, self._released, self._global_step = arrived, released, global_step
-        self._every, self._evaluate = every, evaluate
-        self._step = 0
-
-    def after_create_session(self, session, coord):
-        del coord
-        self._step = int(session.run(self._global_step))
-
-    def after_run(self, run_context, run_values):
-        self._step += 1
-        if self._step % self._every:
-            return
-        session = run_context.session
-        self._arrived.send(session, self._step)
-        self._arrived.take(session, self._step, "its step, before the held-out evaluation")
-        if self._evaluate is not None:
-            self._evaluate(session)
-        self._released.send(session, self._step)
-        self._released.take(session, self._step, "the held-out evaluation")
