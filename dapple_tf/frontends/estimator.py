@@ -26,6 +26,8 @@ Summaries the user's model adds are built again on what the pipeline computes (s
 over micro-batches, metrics from the whole batch: dapple_tf/rewrite/summaries.py), so the Estimator
 records them as on one device. The model's UPDATE_OPS (batch-norm moving averages) run once per step in
 the pipeline's train_op (build_pipeline, batch_norm.py).
+Per host (every task of a cluster building its own part): make the RunConfig with `cluster_task(plan)`
+(host_estimator.py); TRAIN then builds this task's part.
 This module imports tensorflow_estimator: the TF 2.21 environment has none.
 """
 
@@ -35,7 +37,9 @@ import tensorflow as tf
 import tensorflow_estimator as tf_estimator
 
 from dapple_tf.rewrite.options import PipelineOptions
-from dapple_tf.errors import DappleError, PlanError
+from dapple_tf.errors import DappleError, PerHostError, PlanError
+from dapple_tf.frontends import host_estimator
+from dapple_tf.frontends.host_estimator import cluster_task  # noqa: F401  (dapple_tf.frontends.estimator.cluster_task)
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.model import minimize as minimize_lib
 from dapple_tf.model.optimizers import check_optimizer
@@ -64,7 +68,7 @@ def model_fn(user_model_fn: Callable, optimizer_fn: Callable, plan, *, schedule:
             optimizer = optimizer_fn()
             _check_optimizer(optimizer)
             _check_session_devices(plan, config)
-            return _train_spec(user_model_fn, optimizer, plan, options, layers, features, labels)
+            return _train_spec(user_model_fn, optimizer, plan, options, layers, features, labels, config)
         graph = tf.compat.v1.get_default_graph()
         with LayerRecorder(graph).activate():
             if mode == ModeKeys.EVAL:
@@ -95,8 +99,10 @@ def pipelined(estimator_model_fn: Callable, plan, options: Optional[PipelineOpti
                                                                  template_labels, mode, params, config)
             return captured["spec"]
 
-        spec = _train_spec(train_model_fn, None, plan, options or PipelineOptions(), layers, features, labels)
+        spec = _train_spec(train_model_fn, None, plan, options or PipelineOptions(), layers, features, labels, config)
         user = captured["spec"]
+        if host_estimator.per_host_cluster() is not None:
+            return _per_host_with_script_spec(spec, user)
         local_init = spec.scaffold.local_init_op
         if user.scaffold.local_init_op is not None:
             local_init = tf.group(user.scaffold.local_init_op, local_init)
@@ -105,6 +111,20 @@ def pipelined(estimator_model_fn: Callable, plan, options: Optional[PipelineOpti
             scaffold=tf.compat.v1.train.Scaffold(local_init_op=local_init, copy_from_scaffold=user.scaffold))
 
     return wrapped
+
+
+def _per_host_with_script_spec(spec: EstimatorSpec, user: EstimatorSpec) -> EstimatorSpec:
+    """The per-host spec with the script's hooks; a script's Scaffold that initializes or restores by itself is
+    refused (each task restores its own variables)."""
+    own = user.scaffold
+    if own.init_fn is not None or own.init_op is not None or own.saver is not None:
+        raise PerHostError("training per host starts each task's session itself (its variables restored or "
+                           "initialized, then the other tasks' it copies): the script's EstimatorSpec Scaffold must "
+                           "not set init_op, init_fn or saver")
+    # the per-host Scaffold's init_fn runs the pipeline's local init; the script's runs as its local_init_op
+    scaffold = tf.compat.v1.train.Scaffold(local_init_op=own.local_init_op, copy_from_scaffold=spec.scaffold)
+    return spec._replace(training_hooks=tuple(user.training_hooks), scaffold=scaffold,
+                         training_chief_hooks=tuple(spec.training_chief_hooks) + tuple(user.training_chief_hooks))
 
 
 def _check_session_devices(plan, config) -> None:
@@ -140,13 +160,17 @@ def _check_optimizer(optimizer) -> None:
         raise DappleError(f"optimizer_fn must return a tf.compat.v1.train.Optimizer: {e}") from None
 
 
-def _train_spec(user_model_fn, optimizer, plan, options, layers, features, labels) -> EstimatorSpec:
+def _train_spec(user_model_fn, optimizer, plan, options, layers, features, labels, config) -> EstimatorSpec:
     for tensor in tf.nest.flatten((features, labels)):
         if tensor is not None and (not tensor.shape.rank or tf.compat.dimension_value(tensor.shape[0]) is None):
             raise DappleError(
                 f"input_fn gave {tensor.name} with shape {tensor.shape}: the pipeline needs batches of a known "
                 "size (the plan's global batch); batch with dataset.batch(n, drop_remainder=True)"
             )
+    cluster = host_estimator.per_host_cluster()
+    if cluster is not None:
+        return host_estimator.train_spec(cluster, user_model_fn, optimizer, plan, options, layers, features, labels,
+                                         config)
     handle = build_pipeline(user_model_fn, features, labels, optimizer, plan, options,
                             global_step=tf.compat.v1.train.get_or_create_global_step(), layers=layers)
     scaffold = tf.compat.v1.train.Scaffold(local_init_op=handle.local_init_op)

@@ -51,7 +51,6 @@ class HostTraining:
         self.own_task = f"/job:worker/replica:0/task:{cluster.task_index}"
         self.checkpoints: Optional[host_checkpoint.HostCheckpoints] = None
         self.handle = None
-        self.log = print
 
     @property
     def master(self) -> str:
@@ -68,10 +67,10 @@ class HostTraining:
     def pipeline_options(self, options):
         return dataclasses.replace(options, own_task=self.own_task)
 
-    def prepare(self, handle, log) -> None:
+    def prepare(self, handle) -> None:
         """After build_pipeline, before the graph is finalized: waits for the other tasks, agrees with them which
         task saves which variable, and builds the end's barrier."""
-        self.handle, self.log = handle, log
+        self.handle = handle
         tasks = sorted(tf.DeviceSpec.from_string(t).task for t in handle.tasks)
         host_session.wait_for_peers(self.cluster, handle.tasks[1:], self.options.worker_wait_s)
         if self.model_dir:
@@ -92,7 +91,6 @@ class HostTraining:
         """Starts the session as host_session.start does, restoring this task's variables when there is a
         checkpoint; the readiness checks are host_session.start's."""
         ready = tf.constant([], tf.string)
-        saver = self.checkpoints.restore_saver if self.checkpoints else None
 
         def start(scaffold, session):
             del scaffold
@@ -101,7 +99,7 @@ class HostTraining:
             host_session.start(session, self.handle, self.options.worker_wait_s, self.cluster, initialize=initialize)
 
         return tf.compat.v1.train.Scaffold(init_op=tf.no_op(), init_fn=start, ready_op=ready,
-                                           ready_for_local_init_op=ready, local_init_op=tf.no_op(), saver=saver)
+                                           ready_for_local_init_op=ready, local_init_op=tf.no_op(), saver=_RestoredInInitFn())
 
     def hooks(self, global_step, evaluate=None) -> List[tf.compat.v1.train.SessionRunHook]:
         """The checkpoints' hook, then held-out evaluation's (in this order on every task, since each waits for the
@@ -138,3 +136,14 @@ class HostTraining:
 
 def _job(device: str) -> Optional[str]:
     return tf.DeviceSpec.from_string(device).job
+
+
+class _RestoredInInitFn:
+    """The Scaffold's saver: falsy, so that a session creator given a checkpoint_dir (the Estimator's) restores
+    nothing itself and runs the Scaffold's init_fn, which restores this task's own variables (HostCheckpoints)."""
+
+    def __bool__(self):
+        return False
+
+    def build(self) -> None:
+        """Scaffold.finalize builds the saver: nothing to build."""
