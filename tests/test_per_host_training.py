@@ -172,6 +172,17 @@ def test_a_killed_task_ends_every_other_naming_it(tmp_path):
 
 
 @pytest.mark.slow
+def test_tasks_reading_different_batches_are_an_error_naming_them(tmp_path):
+    plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 0, [0]), (1, 1, [1])], names=("encode", "decode"))
+    result = run_program("dapple_launch", "--cluster=local:2x1", "--per_host", "--", "dapple_train",
+                         "--model_fn=tests.user_model:model_fn", "--input_fn=tests.user_model:task_dependent_input_fn",
+                         f"--plan={plan}", "--steps=5", timeout=300)
+    assert result.returncode == 1
+    assert ("error: worker task(s) [1] read another batch than worker task 0 in their first step: training per host "
+            "needs every task to read the same batches") in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.slow
 def test_tf_config_disagreeing_with_the_plan_is_an_error_naming_both(tmp_path):
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
     result = run_program("dapple_launch", "--cluster=local:3x1", "--per_host", "--", "dapple_train", "--model=mlp",

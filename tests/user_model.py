@@ -37,3 +37,14 @@ def batch_norm_model_fn(features, labels):
     with dapple_tf.layer("decode"):
         w = tf.compat.v1.get_variable("decode_w", [16, 1], initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
         return tf.reduce_mean(tf.square(tf.matmul(h, w)[:, 0] - labels))
+
+
+def task_dependent_input_fn(step, batch_size):
+    """input_fn's batch, shifted by the task index of TF_CONFIG: what an input pipeline shuffled without a seed does
+    to per-host training (every task reads another batch)."""
+    import json  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+    x, y = input_fn(step, batch_size)
+    return x + float(task), y

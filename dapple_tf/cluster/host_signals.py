@@ -30,9 +30,11 @@ def _queue(name: str, at_task: int, dtype, capacity: int, sender=None) -> tf.que
         return tf.queue.FIFOQueue(capacity, [dtype], shapes=[[]], shared_name=key, name=name)
 
 
-def exchange_texts(cluster: TFCluster, tasks: Sequence[int], text: str, timeout_s: float) -> Dict[int, str]:
-    """Sends `text` to every other task of `tasks` and returns every task's text (this one's included), by task.
-    Raises ClusterError naming the tasks that sent nothing within `timeout_s`."""
+def exchange_texts(cluster: TFCluster, tasks: Sequence[int], text: str, timeout_s: float,
+                   name: str = "exchange") -> Dict[int, str]:
+    """Sends `text` to every other task of `tasks` and returns every task's text (this one's included), by task;
+    `name`: one per purpose (queues of that name carry these texts only). Raises ClusterError naming the tasks
+    that sent nothing within `timeout_s`."""
     own = cluster.task_index
     others = [t for t in tasks if t != own]
     texts = {own: text}
@@ -41,8 +43,8 @@ def exchange_texts(cluster: TFCluster, tasks: Sequence[int], text: str, timeout_
     config = session_config(timeout_s)
     config.device_filters.extend(f"/job:worker/replica:0/task:{t}" for t in tasks)
     with tf.Graph().as_default():
-        sends = [_queue("exchange", t, tf.string, len(tasks)).enqueue(json.dumps([own, text])) for t in others]
-        received = _queue("exchange", own, tf.string, len(tasks)).dequeue()
+        sends = [_queue(name, t, tf.string, len(tasks)).enqueue(json.dumps([own, text])) for t in others]
+        received = _queue(name, own, tf.string, len(tasks)).dequeue()
         with tf.compat.v1.Session(f"grpc://{cluster.workers[own]}", config=config) as sess:
             sess.run(sends)
             try:

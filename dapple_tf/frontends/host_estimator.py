@@ -111,7 +111,7 @@ def train_spec(cluster: servers.TFCluster, user_model_fn, optimizer, plan, optio
     global_step = tf.compat.v1.train.get_or_create_global_step()
     handle = build_pipeline(user_model_fn, features, labels, optimizer, plan, host.pipeline_options(options),
                             global_step=global_step, layers=layers)
-    host.prepare(handle)
+    host.prepare(handle, (features, labels))
     if config.session_config is not None:
         # the Estimator's session is made from this same message after model_fn: it gets this task's device
         # filters and grappler's settings (PipelineHandle.session_config)
@@ -127,7 +127,7 @@ class _HostHooks(tf.compat.v1.train.CheckpointSaverHook):
 
     def __init__(self, host: host_training.HostTraining, global_step):  # pylint: disable=super-init-not-called
         self._host, self._global_step = host, global_step
-        self._every_steps = host.hooks(global_step)
+        self._hooks = host.hooks(global_step)  # the first batch's check, the checkpoints
         self._listeners = []  # the Estimator's saving listeners would be added here: refused in begin
         self._watchdog: Optional[TaskWatchdog] = None
         self._step = 0
@@ -135,12 +135,12 @@ class _HostHooks(tf.compat.v1.train.CheckpointSaverHook):
     def begin(self):
         if self._listeners:
             raise PerHostError("training per host does not call the Estimator's saving_listeners")
-        for hook in self._every_steps:
+        for hook in self._hooks:
             hook.begin()
 
     def after_create_session(self, session, coord):
         self._step = int(session.run(self._global_step))
-        for hook in self._every_steps:
+        for hook in self._hooks:
             hook.after_create_session(session, coord)
         cluster = self._host.cluster
         self._watchdog = TaskWatchdog(cluster, self._lost, patience_s=self._host.options.failure_timeout_s)
@@ -152,12 +152,16 @@ class _HostHooks(tf.compat.v1.train.CheckpointSaverHook):
                 "command again: training resumes from the latest checkpoint")
 
     def before_run(self, run_context):
-        return None
+        asked = {i: hook.before_run(run_context) for i, hook in enumerate(self._hooks)}
+        asked = {i: args for i, args in asked.items() if args is not None}
+        return tf.compat.v1.train.SessionRunArgs({i: args.fetches for i, args in asked.items()}) if asked else None
 
     def after_run(self, run_context, run_values):
         self._step += 1
-        for hook in self._every_steps:
-            hook.after_run(run_context, run_values)
+        results = run_values.results or {}
+        for i, hook in enumerate(self._hooks):
+            hook.after_run(run_context, tf.compat.v1.train.SessionRunValues(results.get(i), run_values.options,
+                                                                            run_values.run_metadata))
 
     def end(self, session):
         self._host.finish(session, self._step, self._watchdog)

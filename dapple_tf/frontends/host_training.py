@@ -18,7 +18,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from dapple_tf.cluster import host_checkpoint, host_session, host_signals
+from dapple_tf.cluster import host_checkpoint, host_inputs, host_session, host_signals
 from dapple_tf.cluster.servers import ClusterError, TFCluster
 from dapple_tf.errors import PerHostError
 from dapple_tf.rewrite.host_part import task_of
@@ -67,9 +67,10 @@ class HostTraining:
     def pipeline_options(self, options):
         return dataclasses.replace(options, own_task=self.own_task)
 
-    def prepare(self, handle) -> None:
+    def prepare(self, handle, inputs) -> None:
         """After build_pipeline, before the graph is finalized: waits for the other tasks, agrees with them which
-        task saves which variable, and builds the end's barrier."""
+        task saves which variable, and builds the end's barrier; `inputs`: the batch every task must read alike
+        (host_inputs.py)."""
         self.handle = handle
         tasks = sorted(tf.DeviceSpec.from_string(t).task for t in handle.tasks)
         host_session.wait_for_peers(self.cluster, handle.tasks[1:], self.options.worker_wait_s)
@@ -80,6 +81,7 @@ class HostTraining:
                 self.cluster, tasks, held, written, self.model_dir, self.options.keep_checkpoints,
                 self.options.worker_wait_s)
         with tf.control_dependencies(None):
+            self._same_inputs = host_inputs.SameInputsHook(self.cluster, tasks, inputs, self.options.worker_wait_s)
             self._barrier = host_signals.FinishBarrier(self.cluster.task_index, tasks)
             if self.options.eval_every:
                 own, evaluator = self.cluster.task_index, tf.DeviceSpec.from_string(handle.stages[-1].devices[0]).task
@@ -102,9 +104,9 @@ class HostTraining:
                                            ready_for_local_init_op=ready, local_init_op=tf.no_op(), saver=_RestoredInInitFn())
 
     def hooks(self, global_step, evaluate=None) -> List[tf.compat.v1.train.SessionRunHook]:
-        """The checkpoints' hook, then held-out evaluation's (in this order on every task, since each waits for the
-        others); evaluate(session): the evaluating task's evaluation."""
-        hooks = []
+        """The first batch's check, the checkpoints' hook, then held-out evaluation's (in this order on every task,
+        since each waits for the others); evaluate(session): the evaluating task's evaluation."""
+        hooks = [self._same_inputs]
         if self.checkpoints and self.options.save_checkpoints_steps:
             hooks.append(host_signals.EveryStepsHook(global_step, self.options.save_checkpoints_steps,
                                                      self.checkpoints.save))

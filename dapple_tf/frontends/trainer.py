@@ -158,7 +158,7 @@ class Trainer:
                                      self.options, None if per_host else eval_loss, log, model_summaries)
             hooks = [tf.compat.v1.train.StopAtStepHook(last_step=steps), progress] + self.hooks
             if per_host:
-                per_host.prepare(handle)
+                per_host.prepare(handle, (features, labels))
                 scaffold, master, checkpoint_dir = per_host.scaffold(), per_host.master, None
                 evaluate = (lambda session: progress.evaluated(session.run(eval_loss))) if eval_loss is not None \
                     else None
