@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dapple_tf.errors import PerHostError
 from tests.programs import run_program
 from tests.test_per_host_training import _checkpoint, _plan_file, _summaries
 
@@ -65,15 +64,18 @@ def test_a_tf1_scripts_own_training_step_trains_per_host(tmp_path):
     assert all(np.array_equal(a[name], b[name]) for name in a)
 
 
-def test_per_host_estimator_checkpoints_are_by_steps(tmp_path):
+def test_per_host_run_config_checkpoints_by_steps_unless_told_otherwise(tmp_path):
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])], names=LAYERS)
     cluster = dapple_estimator.host_estimator.servers.TFCluster.from_tf_config(
-        '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 1}}')
-    task = dapple_estimator.host_estimator.ClusterTask(plan, cluster, server=None)
-    with pytest.raises(PerHostError) as raised:
-        task.run_config(model_dir=str(tmp_path), save_checkpoints_secs=60)
-    assert str(raised.value) == ("training per host saves checkpoints by steps (every task at the same steps): give "
-                                 "save_checkpoints_steps, not save_checkpoints_secs")
+        '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}')
+    server = type("Server", (), {"target": "grpc://127.0.0.1:1"})()
+    task = dapple_estimator.host_estimator.ClusterTask(plan, cluster, server)
+    config = task.run_config(model_dir=str(tmp_path))
+    assert (config.save_checkpoints_steps, config.save_checkpoints_secs) == (100, None)
+    assert config.master == "grpc://127.0.0.1:1" and config.is_chief and not config.cluster_spec.jobs
+    assert (config.log_step_count_steps, config.save_summary_steps) == (None, 0)  # task 1 holds the loss
+    config = task.run_config(model_dir=str(tmp_path), save_checkpoints_secs=60)
+    assert (config.save_checkpoints_steps, config.save_checkpoints_secs) == (None, 60)
 
 
 def test_without_tf_config_the_run_config_is_the_estimators(tmp_path, monkeypatch):

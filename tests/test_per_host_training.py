@@ -172,6 +172,22 @@ def test_a_killed_task_ends_every_other_naming_it(tmp_path):
 
 
 @pytest.mark.slow
+def test_checkpoints_by_seconds_are_at_steps_every_task_agrees_on(tmp_path):
+    """--save_checkpoints_secs per host: turned into a number of steps from the first steps' time, the first task's
+    choice (parts of different steps could not be merged: task 0 would stop naming them)."""
+    plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
+    result = run_program("dapple_launch", "--cluster=local:2x1", "--per_host", "--", "dapple_train", "--model=mlp",
+                         f"--plan={plan}", "--steps=60", f"--model_dir={tmp_path / 'm'}", "--save_checkpoints_steps=0",
+                         "--save_checkpoints_secs=0.2", "--log_every=0", "--summary_every=0", timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    paths = tf.train.get_checkpoint_state(str(tmp_path / "m")).all_model_checkpoint_paths
+    steps = [int(p.rsplit("-", 1)[1]) for p in paths]
+    assert len(steps) >= 2 and steps[-1] == 60, steps  # periodic ones, then the last step's
+    every = steps[1] - steps[0] if len(steps) > 2 else steps[0]
+    assert all(s % every == 0 for s in steps[:-1]), steps
+
+
+@pytest.mark.slow
 def test_tasks_reading_different_batches_are_an_error_naming_them(tmp_path):
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 0, [0]), (1, 1, [1])], names=("encode", "decode"))
     result = run_program("dapple_launch", "--cluster=local:2x1", "--per_host", "--", "dapple_train",
@@ -206,11 +222,10 @@ def test_what_per_host_training_does_not_do_yet_is_refused_by_name():
 
     options = trainer.TrainerOptions(save_checkpoints_secs=60, trace_path="step.json", eval_every=5)
     with pytest.raises(PerHostError) as raised:
-        host_training.check_supported(options, horovod=None)
+        host_training.check_supported(options, horovod=object())
     assert str(raised.value) == (
-        "training per host (TF_CONFIG names this process a worker task) does not support save_checkpoints_secs (the "
-        "tasks must save at the same steps: use save_checkpoints_steps); a traced step (trace_path) yet: run "
-        "dapple_train as the chief (one graph for the cluster)")
+        "training per host (TF_CONFIG names this process a worker task) does not support a traced step "
+        "(trace_path); Horovod yet: run dapple_train as the chief (one graph for the cluster)")
 
 
 def test_owners_one_writer_else_the_first_writer_else_the_first_holder():

@@ -5,6 +5,7 @@ others outside the training step.
   is finalized: what the texts say can still shape it).
 - `StepTokens`: some tasks tell others that they finished something for a step (wrote their part of a
   checkpoint; finished the step, before a held-out evaluation reads every task's variables).
+- `EveryStepsHook`, `SecondsAsStepsHook`: an action every so many global steps, the same steps on every task.
 - `FinishBarrier`: no task leaves before every task has finished its last step: a task's server ends with its
   process, and the others may still need it until then.
 
@@ -12,6 +13,7 @@ Each is a FIFOQueue with a shared name on the receiving task's first CPU, as hos
 """
 
 import json
+import time
 from typing import Dict, Sequence
 
 import tensorflow as tf
@@ -130,3 +132,28 @@ class EveryStepsHook(tf.compat.v1.train.SessionRunHook):
         self._step += 1
         if self._every and self._step % self._every == 0:
             self._action(run_context.session, self._step)
+
+
+class SecondsAsStepsHook(EveryStepsHook):
+    """Calls `action(session, step)` about every `seconds`, as a number of global steps that is the same on every
+    task: after `measured` steps of this run (its first left out), the first task of `tasks` turns `seconds` into
+    steps by their mean time and tells the others (`exchange_texts`)."""
+
+    def __init__(self, global_step, seconds: float, action, cluster: TFCluster, tasks: Sequence[int],
+                 timeout_s: float, measured: int = 10):
+        super().__init__(global_step, 0, action)
+        self._seconds, self._cluster, self._tasks = seconds, cluster, list(tasks)
+        self._timeout_s, self._measured = timeout_s, measured
+        self._ran, self._started = 0, 0.0
+        self.every_steps = None  # decided after `measured` steps
+
+    def after_run(self, run_context, run_values):
+        self._ran += 1
+        if self._ran == 1:
+            self._started = time.perf_counter()
+        elif self._ran == 1 + self._measured:
+            per_step = (time.perf_counter() - self._started) / self._measured
+            mine = str(max(1, round(self._seconds / per_step)))
+            texts = exchange_texts(self._cluster, self._tasks, mine, self._timeout_s, name="checkpoint_steps")
+            self.every_steps = self._every = int(texts[self._tasks[0]])
+        super().after_run(run_context, run_values)

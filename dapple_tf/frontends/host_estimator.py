@@ -12,8 +12,8 @@ changes. Per host (`dapple_launch --per_host -- python script.py`):
 - the RunConfig's session is on that server (TF_CONFIG's "session_master"): the Estimator's own view of a
   cluster needs a chief, and per host every task is its own;
 - TRAIN builds this task's part; the Estimator's checkpoints, restore, logging and summaries give way to the
-  per-host ones: checkpoints in parts merged by task 0 every `save_checkpoints_steps` (by seconds is refused:
-  the tasks must save at the same steps), each task restoring its own variables, the loss's task logging and
+  per-host ones: checkpoints in parts merged by task 0 every `save_checkpoints_steps` (or seconds, turned into a
+  number of steps the tasks agree on), each task restoring its own variables, the loss's task logging and
   writing summaries (the others' EstimatorSpec loss is a constant 0 nothing logs), a watchdog in every task and
   a barrier at the end;
 - every task must read the same batches: an input_fn that depends on the global step
@@ -54,15 +54,14 @@ class ClusterTask:
         self.plan, self.cluster, self.server = as_plan(plan), cluster, server
 
     def run_config(self, **kwargs) -> RunConfig:
-        """tf.estimator.RunConfig(**kwargs); per host, on this task's server, checkpoints by steps (100 unless
-        given), and no logging or summaries but on the loss's task."""
+        """tf.estimator.RunConfig(**kwargs); per host, on this task's server, checkpoints every 100 steps unless
+        told otherwise (by seconds: as a number of steps, host_signals.SecondsAsStepsHook), and no logging or
+        summaries but on the loss's task."""
         if self.cluster is None:
             return RunConfig(**kwargs)
-        if kwargs.get("save_checkpoints_secs"):
-            raise PerHostError("training per host saves checkpoints by steps (every task at the same steps): give "
-                               "save_checkpoints_steps, not save_checkpoints_secs")
-        kwargs["save_checkpoints_secs"] = None
-        kwargs.setdefault("save_checkpoints_steps", TrainerOptions.save_checkpoints_steps)
+        if not kwargs.get("save_checkpoints_secs"):
+            kwargs["save_checkpoints_secs"] = None  # RunConfig's default is by seconds: by steps here
+            kwargs.setdefault("save_checkpoints_steps", TrainerOptions.save_checkpoints_steps)
         kwargs.setdefault("session_config", servers.session_config(TrainerOptions.failure_timeout_s))
         if tf.DeviceSpec.from_string(self.plan.stages[-1].devices[0]).task != self.cluster.task_index:
             kwargs.update(log_step_count_steps=None, save_summary_steps=0)  # the loss's task logs and summarizes
@@ -101,10 +100,8 @@ def _tf_config(value: dict):
 def train_spec(cluster: servers.TFCluster, user_model_fn, optimizer, plan, options, layers, features, labels,
                config: RunConfig) -> EstimatorSpec:
     """TRAIN per host: this task's part of the pipeline and the per-host session start, checkpoints and end."""
-    if config.save_checkpoints_secs:
-        raise PerHostError("training per host saves checkpoints by steps (every task at the same steps): make the "
-                           "RunConfig with dapple_tf.frontends.estimator.cluster_task(plan).run_config(...)")
     trainer_options = TrainerOptions(save_checkpoints_steps=config.save_checkpoints_steps or 0,
+                                     save_checkpoints_secs=config.save_checkpoints_secs or 0,
                                      keep_checkpoints=config.keep_checkpoint_max or 0)
     host = host_training.HostTraining(cluster, config.model_dir, trainer_options)
     host.check_plan(as_plan(plan).devices)

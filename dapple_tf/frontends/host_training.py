@@ -5,7 +5,8 @@ the same training program, starts its own server and builds only its own part of
 - the session is on this task's own server, and starts by restoring this task's variables from the latest
   checkpoint (or initializing them), then waits for the other tasks' variables it copies (host_session.start);
 - checkpoints are written in parts and merged by task 0 (host_checkpoint.py), at every `save_checkpoints_steps`
-  global steps (the same steps on every task) and at the end;
+  global steps (the same steps on every task; `save_checkpoints_secs` is turned into such a number of steps from
+  the first steps' time) and at the end;
 - the task that sums the loss logs progress and writes the summaries; the others are quiet;
 - held-out evaluation: every `eval_every` steps the tasks wait for each other, then the loss's task evaluates;
 - at the end no task leaves before every task has finished (host_signals.FinishBarrier): a task's server ends with
@@ -32,8 +33,6 @@ def is_per_host(cluster: Optional[TFCluster]) -> bool:
 def check_supported(options, horovod) -> None:
     """Refuses what per-host training does not do yet, by name."""
     refused = []
-    if options.save_checkpoints_secs:
-        refused.append("save_checkpoints_secs (the tasks must save at the same steps: use save_checkpoints_steps)")
     if options.trace_path:
         refused.append("a traced step (trace_path)")
     if horovod is not None:
@@ -72,7 +71,7 @@ class HostTraining:
         task saves which variable, and builds the end's barrier; `inputs`: the batch every task must read alike
         (host_inputs.py)."""
         self.handle = handle
-        tasks = sorted(tf.DeviceSpec.from_string(t).task for t in handle.tasks)
+        tasks = self._tasks = sorted(tf.DeviceSpec.from_string(t).task for t in handle.tasks)
         host_session.wait_for_peers(self.cluster, handle.tasks[1:], self.options.worker_wait_s)
         if self.model_dir:
             held, written = host_checkpoint.held_variables(handle.train_op,
@@ -107,7 +106,11 @@ class HostTraining:
         """The first batch's check, the checkpoints' hook, then held-out evaluation's (in this order on every task,
         since each waits for the others); evaluate(session): the evaluating task's evaluation."""
         hooks = [self._same_inputs]
-        if self.checkpoints and self.options.save_checkpoints_steps:
+        if self.checkpoints and self.options.save_checkpoints_secs:
+            hooks.append(host_signals.SecondsAsStepsHook(global_step, self.options.save_checkpoints_secs,
+                                                         self.checkpoints.save, self.cluster, self._tasks,
+                                                         self.options.worker_wait_s))
+        elif self.checkpoints and self.options.save_checkpoints_steps:
             hooks.append(host_signals.EveryStepsHook(global_step, self.options.save_checkpoints_steps,
                                                      self.checkpoints.save))
         if self.options.eval_every:
