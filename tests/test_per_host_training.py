@@ -77,12 +77,19 @@ def _assert_same(a, b, exact=True, optimizer_state="dense_0/fc_kernel/Adam"):
 @pytest.mark.slow
 def test_per_host_checkpoints_are_the_one_graphs_and_resume_each_other(tmp_path):
     """A straight pipeline over 2 tasks with Adam: 6 steps per host and as one graph give the same checkpoints and
-    held-out losses to the last bit, then each run resumes from the other's checkpoint to step 9, again the same."""
+    held-out losses to the last bit, then each run resumes from the other's checkpoint to step 9, again the same.
+    The per-host run also traces a step (one timeline of both tasks)."""
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
     per_host, one_graph = tmp_path / "per_host", tmp_path / "one_graph"
-    out = _train("local:2x1", plan, per_host, 6, "--per_host", model=("--model=mlp", "--eval_every=3"))
+    trace = tmp_path / "step.json"
+    out = _train("local:2x1", plan, per_host, 6, "--per_host",
+                 model=("--model=mlp", "--eval_every=3", f"--trace={trace}", "--trace_step=4"))
     assert "[worker 1] step 6/6  loss" in out and "[worker 0] step" not in out  # the loss's task logs
     assert "[worker 1] step 3: held-out loss" in out and "[worker 0] done: step 6;" in out
+    # the traced step: every task's boxes, in the timeline the loss's task writes
+    assert "[worker 1] traced step 4 of this run" in out and "[worker 0] traced" not in out
+    boxes = {(e["pid"], e["name"][0]) for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"}
+    assert {(0, "F"), (0, "B"), (1, "F"), (1, "B")} <= boxes, boxes
     _train("local:2x1", plan, one_graph, 6, model=("--model=mlp", "--eval_every=3"))
     _assert_same(_checkpoint(per_host / "model.ckpt-6"), _checkpoint(one_graph / "model.ckpt-6"))
     # held-out loss at steps 3 and 6: every task's variables at that step, read by the loss's task
@@ -224,8 +231,8 @@ def test_what_per_host_training_does_not_do_yet_is_refused_by_name():
     with pytest.raises(PerHostError) as raised:
         host_training.check_supported(options, horovod=object())
     assert str(raised.value) == (
-        "training per host (TF_CONFIG names this process a worker task) does not support a traced step "
-        "(trace_path); Horovod yet: run dapple_train as the chief (one graph for the cluster)")
+        "training per host (TF_CONFIG names this process a worker task) does not support Horovod yet: run "
+        "dapple_train as the chief (one graph for the cluster)")
 
 
 def test_owners_one_writer_else_the_first_writer_else_the_first_holder():

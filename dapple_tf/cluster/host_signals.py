@@ -2,7 +2,7 @@
 others outside the training step.
 
 - `exchange_texts`: every task gives every other one text, once, in a graph of its own (before the training graph
-  is finalized: what the texts say can still shape it).
+  is finalized: what the texts say can still shape it); `gather_texts`: every task gives one task its text.
 - `StepTokens`: some tasks tell others that they finished something for a step (wrote their part of a
   checkpoint; finished the step, before a held-out evaluation reads every task's variables).
 - `EveryStepsHook`, `SecondsAsStepsHook`: an action every so many global steps, the same steps on every task.
@@ -37,24 +37,40 @@ def exchange_texts(cluster: TFCluster, tasks: Sequence[int], text: str, timeout_
     """Sends `text` to every other task of `tasks` and returns every task's text (this one's included), by task;
     `name`: one per purpose (queues of that name carry these texts only). Raises ClusterError naming the tasks
     that sent nothing within `timeout_s`."""
+    others = [t for t in tasks if t != cluster.task_index]
+    return _texts(cluster, tasks, text, timeout_s, name, send_to=others, receive_from=others)
+
+
+def gather_texts(cluster: TFCluster, tasks: Sequence[int], text: str, to_task: int, timeout_s: float,
+                 name: str) -> Dict[int, str]:
+    """Every task of `tasks` sends `text` to `to_task`, which returns every task's text by task (the others get
+    {}); as exchange_texts otherwise."""
+    if cluster.task_index != to_task:
+        _texts(cluster, tasks, text, timeout_s, name, send_to=[to_task], receive_from=[])
+        return {}
+    return _texts(cluster, tasks, text, timeout_s, name, send_to=[],
+                  receive_from=[t for t in tasks if t != to_task])
+
+
+def _texts(cluster: TFCluster, tasks: Sequence[int], text: str, timeout_s: float, name: str,
+           send_to: Sequence[int], receive_from: Sequence[int]) -> Dict[int, str]:
     own = cluster.task_index
-    others = [t for t in tasks if t != own]
     texts = {own: text}
-    if not others:
+    if not send_to and not receive_from:
         return texts
     config = session_config(timeout_s)
     config.device_filters.extend(f"/job:worker/replica:0/task:{t}" for t in tasks)
     with tf.Graph().as_default():
-        sends = [_queue(name, t, tf.string, len(tasks)).enqueue(json.dumps([own, text])) for t in others]
+        sends = [_queue(name, t, tf.string, len(tasks)).enqueue(json.dumps([own, text])) for t in send_to]
         received = _queue(name, own, tf.string, len(tasks)).dequeue()
         with tf.compat.v1.Session(f"grpc://{cluster.workers[own]}", config=config) as sess:
             sess.run(sends)
             try:
-                for _ in others:
+                for _ in receive_from:
                     sender, sent = json.loads(sess.run(received).decode())
                     texts[sender] = sent
             except tf.errors.DeadlineExceededError:
-                missing = [cluster.describe_task(t) for t in others if t not in texts]
+                missing = [cluster.describe_task(t) for t in receive_from if t not in texts]
                 raise ClusterError(f"after {timeout_s:g} s, {', '.join(missing)} sent nothing: is every task of "
                                    "the cluster running this program?") from None
     return texts

@@ -9,6 +9,7 @@ the same training program, starts its own server and builds only its own part of
   the first steps' time) and at the end;
 - the task that sums the loss logs progress and writes the summaries; the others are quiet;
 - held-out evaluation: every `eval_every` steps the tasks wait for each other, then the loss's task evaluates;
+- a traced step: every task traces it, the loss's task writes the merged timeline (host_trace.py);
 - at the end no task leaves before every task has finished (host_signals.FinishBarrier): a task's server ends with
   its process. A task that is lost before then ends every other within the failure timeout, naming it (the
   Trainer's watchdog, which runs in every task).
@@ -22,6 +23,7 @@ import tensorflow as tf
 from dapple_tf.cluster import host_checkpoint, host_inputs, host_session, host_signals
 from dapple_tf.cluster.servers import ClusterError, TFCluster
 from dapple_tf.errors import PerHostError
+from dapple_tf.frontends import host_trace
 from dapple_tf.rewrite.host_part import task_of
 
 
@@ -33,8 +35,6 @@ def is_per_host(cluster: Optional[TFCluster]) -> bool:
 def check_supported(options, horovod) -> None:
     """Refuses what per-host training does not do yet, by name."""
     refused = []
-    if options.trace_path:
-        refused.append("a traced step (trace_path)")
     if horovod is not None:
         refused.append("Horovod")
     if refused:
@@ -82,8 +82,9 @@ class HostTraining:
         with tf.control_dependencies(None):
             self._same_inputs = host_inputs.SameInputsHook(self.cluster, tasks, inputs, self.options.worker_wait_s)
             self._barrier = host_signals.FinishBarrier(self.cluster.task_index, tasks)
+            self._loss_task = tf.DeviceSpec.from_string(handle.stages[-1].devices[0]).task
             if self.options.eval_every:
-                own, evaluator = self.cluster.task_index, tf.DeviceSpec.from_string(handle.stages[-1].devices[0]).task
+                own, evaluator = self.cluster.task_index, self._loss_task
                 others = [t for t in tasks if t != evaluator]
                 self._arrived = host_signals.StepTokens("eval_ready", own, others, [evaluator])
                 self._released = host_signals.StepTokens("eval_done", own, [evaluator], others)
@@ -102,9 +103,10 @@ class HostTraining:
         return tf.compat.v1.train.Scaffold(init_op=tf.no_op(), init_fn=start, ready_op=ready,
                                            ready_for_local_init_op=ready, local_init_op=tf.no_op(), saver=_RestoredInInitFn())
 
-    def hooks(self, global_step, evaluate=None) -> List[tf.compat.v1.train.SessionRunHook]:
-        """The first batch's check, the checkpoints' hook, then held-out evaluation's (in this order on every task,
-        since each waits for the others); evaluate(session): the evaluating task's evaluation."""
+    def hooks(self, global_step, evaluate=None, simulated=None, log=print) -> List[tf.compat.v1.train.SessionRunHook]:
+        """The first batch's check, the checkpoints' hook, held-out evaluation's, then the traced step's (in this
+        order on every task, since each waits for the others); evaluate(session): the evaluating task's
+        evaluation; simulated, log: TraceHook's."""
         hooks = [self._same_inputs]
         if self.checkpoints and self.options.save_checkpoints_secs:
             hooks.append(host_signals.SecondsAsStepsHook(global_step, self.options.save_checkpoints_secs,
@@ -116,6 +118,10 @@ class HostTraining:
         if self.options.eval_every:
             hooks.append(host_signals.EveryStepsHook(global_step, self.options.eval_every,
                                                      lambda session, step: self._held_out(session, step, evaluate)))
+        if self.options.trace_path:
+            hooks.append(host_trace.HostTraceHook(self.options.trace_path, self.handle, self.options.trace_step,
+                                                  simulated, log, self.cluster, self._tasks, self._loss_task,
+                                                  self.options.worker_wait_s))
         return hooks
 
     def _held_out(self, session, step: int, evaluate) -> None:

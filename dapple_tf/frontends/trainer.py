@@ -162,7 +162,7 @@ class Trainer:
                 scaffold, master, checkpoint_dir = per_host.scaffold(), per_host.master, None
                 evaluate = (lambda session: progress.evaluated(session.run(eval_loss))) if eval_loss is not None \
                     else None
-                hooks += per_host.hooks(global_step, evaluate)
+                hooks += per_host.hooks(global_step, evaluate, self.simulated, log)
             else:
                 scaffold, checkpoint_dir = self._scaffold_and_hooks(handle, hooks), self.model_dir
                 master = self.cluster.target if self.cluster else ""

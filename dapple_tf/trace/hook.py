@@ -44,7 +44,10 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
     def after_run(self, run_context, run_values):
         if self._steps != self.at_step:
             return
-        measured = timeline.measured_timeline(run_values.run_metadata, self.handle)
+        self.write(timeline.measured_timeline(run_values.run_metadata, self.handle))
+
+    def write(self, measured) -> None:
+        """The measured timeline as a Chrome trace at `path`, and drawn (beside the simulated one if given)."""
         timeline.write_measured_trace(measured, self.path)
         picture = png_path(self.path)
         if self.simulated is not None:
