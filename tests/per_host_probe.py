@@ -5,7 +5,7 @@
 
 Prints, per case, whether the two runs are bit-identical, the largest weight difference and each graph's ops.
 A stage's devices are [task, CPU index] pairs (every task has 2 CPU devices). Optional keys: "schedule" ("dapple"), "stage_functions" (false), "steps" (3), "batch" (12), "model"
-("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn), "remapping" (true: grappler's remapper on), "clip" (clip_global_norm). Run in its own process by tests/test_per_host.py,
+("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn; "embedding": embedding_model_fn), "remapping" (true: grappler's remapper on), "clip" (clip_global_norm). Run in its own process by tests/test_per_host.py,
 so that the servers end with it; each per-host graph runs in a thread of this process with a session on its own
 task's server, as the task's own process would.
 """
@@ -29,6 +29,8 @@ def _device(task: int, index: int) -> str:
 
 
 def _model_fn(case):
+    if case.get("model") == "embedding":
+        return toy_models.embedding_model_fn
     values = toy_models.initial_values()
     return {"skip": toy_models.skip_model_fn, "tied": toy_models.tied_model_fn,
             "batch_norm": toy_models.batch_norm_model_fn}[case.get("model", "skip")](values)
@@ -36,14 +38,15 @@ def _model_fn(case):
 
 def _build(case, own_task=None):
     """(handle, weights by name) of the case's pipeline in the default graph."""
-    x, y = toy_models.batch(case.get("batch", 12))
+    batch = toy_models.embedding_batch if case.get("model") == "embedding" else toy_models.batch
+    x, y = tf.nest.map_structure(tf.constant, batch(case.get("batch", 12)))
     plan = dapple_tf.Plan.from_stages(
         [(first, last, [_device(*d) for d in devices]) for first, last, devices in case["stages"]],
         case["micro_batches"])
     options = dapple_tf.PipelineOptions(schedule=case.get("schedule", "dapple"),
                                         stage_functions=case.get("stage_functions", False), own_task=own_task,
                                         clip_global_norm=case.get("clip"))
-    handle = dapple_tf.build_pipeline(_model_fn(case), tf.constant(x), tf.constant(y),
+    handle = dapple_tf.build_pipeline(_model_fn(case), x, y,
                                       tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), plan, options)
     return handle
 

@@ -28,6 +28,10 @@ CASES = {
                         "micro_batches": 2, "batch": 24},
     # two copies of a variable of task 0 in task 1 (the fuzz harness's seed 11, case 5)
     "two-copies-in-one-task": {"stages": [[0, 2, [[0, 0]]], [3, 4, [[0, 1], [1, 0], [1, 1]]]], "micro_batches": 1},
+    # an embedding (gathered rows' gradients) replicated over two tasks (the fuzz harness's seed 13, case 22)
+    "embedding-data-parallel": {"stages": [[0, 2, [[0, 0], [1, 0]]]], "micro_batches": 1, "model": "embedding"},
+    "embedding-clip": {"stages": [[0, 0, [[0, 0], [1, 0]]], [1, 2, [[1, 1]]]], "micro_batches": 2,
+                       "model": "embedding", "clip": 0.5},
     # the global norm of every task's gradients (clip_global_norm), the scale sent back to every task
     "clip-hybrid-3-stages": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0], [1, 1], [2, 0]]], [3, 4, [[2, 1], [0, 1]]]],
                              "micro_batches": 2, "batch": 24, "clip": 0.1},
@@ -176,6 +180,21 @@ def test_what_per_host_graphs_do_not_build_yet_is_refused_by_name():
     assert str(raised.value) == (
         "per-host graphs (PipelineOptions.own_task) do not yet support gradient_fn (it sees every task's gradients "
         "at once): build one graph for the cluster (own_task=None)")
+
+
+def test_sync_batch_norm_is_refused_only_where_a_replicated_cpu_stage_has_statistics():
+    plan = _plan((0, 2, [(0, 0), (1, 0)]), (3, 4, [(1, 1)]))
+    with tf.Graph().as_default():  # no batch norm: nothing to synchronize
+        _build(plan, _task(0), batch_norm="sync")
+    with tf.Graph().as_default(), pytest.raises(PerHostError) as raised:
+        x, y = toy_models.batch(8)
+        dapple_tf.build_pipeline(toy_models.batch_norm_model_fn(toy_models.initial_values()), tf.constant(x),
+                                 tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                 dapple_tf.PipelineOptions(own_task=_task(0), batch_norm="sync"))
+    assert str(raised.value) == (
+        "per-host graphs (PipelineOptions.own_task) do not yet support batch_norm='sync' for a replicated stage on "
+        "CPUs (stage 0 has batch statistics to all-reduce): build one graph for the cluster (own_task=None), or use "
+        "batch_norm='per_slice'")
 
 
 def test_gpus_of_several_tasks_all_reduce_by_one_collective_with_the_same_keys_in_every_tasks_graph():

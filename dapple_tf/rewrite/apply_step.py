@@ -97,11 +97,13 @@ def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf
     call, never run, makes their slots here under the names their own task gives them, so that the copies' slots
     pair with them (and are set from them after a restore) as in the one graph."""
     graph = after.graph
+    copy_grads = {id(copy): grad for grad, copy in apply_pairs}
     with tf.control_dependencies(None):
         remote_pairs = []
         for user in remote_users:
+            like = next(copy_grads[id(c)] for c in copies.copies_of(user).values() if id(c) in copy_grads)
             with tf.device(user.device):
-                remote_pairs.append((tf.zeros(user.shape, user.dtype.base_dtype), user))
+                remote_pairs.append((_zero_gradient(user, like), user))
     first = len(graph.get_operations())
     reuse = tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=tf.compat.v1.AUTO_REUSE) \
         if applied_before else contextlib.nullcontext()
@@ -118,6 +120,17 @@ def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf
                           key=lambda op: op._id)  # creation order  # pylint: disable=protected-access
              for _, copy in list(apply_pairs) + remote_pairs}
     return AppliedStep(apply_op, _check_and_pair(cones, copies, graph, type(optimizer).__name__))
+
+
+def _zero_gradient(variable: tf.Variable, like):
+    """A gradient of `variable` that changes nothing, of the kind of `like` (the copy's): gathered rows
+    (IndexedSlices) make the optimizer build its sparse update, as for the copy."""
+    dtype = variable.dtype.base_dtype
+    if not isinstance(like, tf.IndexedSlices):
+        return tf.zeros(variable.shape, dtype)
+    values = tf.zeros(tf.TensorShape([0]).concatenate(variable.shape[1:]), dtype)
+    shape = tf.constant(variable.shape.as_list(), like.indices.dtype)  # variables' shapes are known
+    return tf.IndexedSlices(values, tf.zeros([0], like.indices.dtype), shape)
 
 
 def _check_and_pair(cones: Dict[tf.Variable, List[tf.Operation]], copies: VariableCopies, graph: tf.Graph,

@@ -109,7 +109,7 @@ def host_part(own_task: Optional[str], plan_devices) -> "InGraph | HostPart":
     return InGraph() if own_task is None else HostPart(own_task, plan_devices)
 
 
-def check_supported(host, options, replication_devices, script) -> None:
+def check_supported(host, options, script) -> None:
     """Refuses, for a per-host graph, what it does not build yet: each needs values from every task at once."""
     if not host.per_host:
         return
@@ -120,13 +120,20 @@ def check_supported(host, options, replication_devices, script) -> None:
         refused.append("gradient_fn (it sees every task's gradients at once)")
     if script is not None and script.flow.ops:
         refused.append(f"a script's own gradient transform (apply_gradients at {script.where})")
-    if options.batch_norm == "sync" and any(len(devices) > 1 and tf.DeviceSpec.from_string(devices[0]).device_type
-                                            != "GPU" for devices in replication_devices):
-        # its statistics' all-reduce is a TF collective, which per-host sessions of CPU tasks cannot join
-        refused.append("batch_norm='sync' for a replicated stage on CPUs")
     if refused:
         raise PerHostError(f"per-host graphs (PipelineOptions.own_task) do not yet support {', '.join(refused)}: build "
                            "one graph for the cluster (own_task=None)")
+
+
+def check_synchronized_batch_norm(host, stage: int, devices, collectives: int) -> None:
+    """Refuses, for a per-host graph, a replicated CPU stage with batch statistics to synchronize: their
+    all-reduce is a TF collective, which per-host sessions of CPU tasks cannot join (one task's session resolves
+    a collective group through task 0, whose session is another one)."""
+    if host.per_host and collectives and len(devices) > 1 and \
+            tf.DeviceSpec.from_string(devices[0]).device_type != "GPU":
+        raise PerHostError(f"per-host graphs (PipelineOptions.own_task) do not yet support batch_norm='sync' for a "
+                           f"replicated stage on CPUs (stage {stage} has batch statistics to all-reduce): build one "
+                           "graph for the cluster (own_task=None), or use batch_norm='per_slice'")
 
 
 def step_op(train_op: tf.Operation, host, loss) -> tf.Operation:

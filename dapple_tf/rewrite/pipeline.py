@@ -159,7 +159,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     layout = PipelineLayout.of(plan, template, options.schedule, options.recompute)
     random_ops.warn_per_slice(template.stages, layout)
     host = host_part.host_part(options.own_task, plan.devices)
-    host_part.check_supported(host, options, [st.devices for st in layout.stages], model_train.script)
+    host_part.check_supported(host, options, model_train.script)
     trainable = set(model_train.script.variables) if model_train.script else set(tf.compat.v1.trainable_variables())
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()

@@ -259,6 +259,7 @@ class StageBuilder:
                 statistics = self._sync_statistics[s] if self._sync_statistics is not None else None
                 synced = sync_batch_norm.rewrite(graph_defs[s], s, devices, self._sync_keys.group_key(devices),
                                                  collectives.communication_hint(devices), statistics)
+                host_part.check_synchronized_batch_norm(self.host, s, devices, synced.num_keys)
                 graph_defs[s] = synced.stage
                 self._keys_per_clone_group[s] = synced.num_keys
 
