@@ -182,6 +182,29 @@ def test_what_per_host_graphs_do_not_build_yet_is_refused_by_name():
         "at once): build one graph for the cluster (own_task=None)")
 
 
+def test_a_merged_trace_holds_each_devices_stats_from_its_own_tasks_session():
+    """Task 1's session also runs its enqueues on task 0's device, under its own graph's names, which may be
+    those of other operations of task 0's graph: those stats are left out (they stretched task 0's boxes)."""
+    import base64  # pylint: disable=import-outside-toplevel
+    import types  # pylint: disable=import-outside-toplevel
+
+    from dapple_tf.frontends import host_trace  # pylint: disable=import-outside-toplevel
+
+    def described(stats):
+        metadata = tf.compat.v1.RunMetadata()
+        for device, node in stats:
+            metadata.step_stats.dev_stats.add(device=device).node_stats.add(node_name=node)
+        return json.dumps({"metadata": base64.b64encode(metadata.SerializeToString()).decode(), "task_ops": [],
+                           "input_gradient_ops": [], "allreduce": []})
+
+    cpu = "/job:worker/replica:0/task:{}/device:CPU:0".format
+    texts = {0: described([(cpu(0), "send_1"), (cpu(1), "send")]), 1: described([(cpu(1), "b"), (cpu(0), "send_1")])}
+    handle = types.SimpleNamespace(schedule=None, stages=(), micro_batch_size=1, train_op=None)
+    merged, _ = host_trace._merged(texts, handle)  # pylint: disable=protected-access
+    assert [(d.device, d.node_stats[0].node_name) for d in merged.step_stats.dev_stats] == [(cpu(0), "send_1"),
+                                                                                           (cpu(1), "b")]
+
+
 def test_sync_batch_norm_is_refused_only_where_a_replicated_cpu_stage_has_statistics():
     plan = _plan((0, 2, [(0, 0), (1, 0)]), (3, 4, [(1, 1)]))
     with tf.Graph().as_default():  # no batch norm: nothing to synchronize

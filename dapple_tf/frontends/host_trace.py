@@ -2,9 +2,9 @@
 gathers every task's step stats and lists of operations and writes the one timeline of the whole pipeline, as
 the one graph's TraceHook does.
 
-Each task's RunMetadata holds its own devices' operations (and the enqueues its step runs on other tasks); the
-tasks' operation names are those of the one graph, so the merged stats place every stage's forward and backward
-boxes. Transfers between tasks go through queues, not send/receive pairs, and are not drawn. The tasks' clocks are
+Each task's RunMetadata holds its own devices' operations (and the enqueues its step runs on other tasks, left
+out: another graph's names); the tasks' operation names are those of the one graph, so the merged stats place
+every stage's forward and backward boxes. Transfers between tasks go through queues, not send/receive pairs, and are not drawn. The tasks' clocks are
 one on a single machine; across machines they differ by what their clocks differ.
 """
 
@@ -56,6 +56,11 @@ def _describe(run_metadata, handle) -> str:
                        "allreduce": list(handle.allreduce_op_names)})
 
 
+def _on_task(device: str, task: int) -> bool:
+    spec = tf.DeviceSpec.from_string(device)
+    return (spec.task or 0) == task
+
+
 def _merged(texts: Dict[int, str], handle):
     """(RunMetadata with every task's step stats and partition graphs, a handle whose lists are every task's)."""
     metadata = tf.compat.v1.RunMetadata()
@@ -63,8 +68,11 @@ def _merged(texts: Dict[int, str], handle):
     for task in sorted(texts):
         described = json.loads(texts[task])
         part = tf.compat.v1.RunMetadata.FromString(base64.b64decode(described["metadata"]))
-        metadata.step_stats.dev_stats.extend(part.step_stats.dev_stats)
-        metadata.partition_graphs.extend(part.partition_graphs)
+        # only its own devices' stats: the partitions its session runs on other tasks (the enqueues into their
+        # queues) are another graph's, whose operation names may be the same as other operations of this one's
+        metadata.step_stats.dev_stats.extend(d for d in part.step_stats.dev_stats if _on_task(d.device, task))
+        metadata.partition_graphs.extend(g for g in part.partition_graphs
+                                         if g.node and _on_task(g.node[0].device, task))
         for merged, key in ((task_ops, "task_ops"), (input_gradient_ops, "input_gradient_ops")):
             for device, (stage, kind, micro_batch), replica, names in described[key]:
                 merged.setdefault((device, Task(stage, kind, micro_batch), replica), tuple(names))
