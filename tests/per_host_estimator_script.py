@@ -30,16 +30,16 @@ def script_model_fn(features, labels, mode, params):
 
 
 def main(_):
-    with dapple_estimator.cluster_task(FLAGS.plan) as task:
-        config = task.run_config(model_dir=FLAGS.model_dir, save_checkpoints_steps=3, save_summary_steps=3,
-                                 tf_random_seed=0)  # dapple_train's --seed
-        if FLAGS.script:
-            model_fn = dapple_estimator.pipelined(script_model_fn, FLAGS.plan)
-        else:
-            model_fn = dapple_estimator.model_fn(user_model.batch_norm_model_fn,
-                                                 lambda: tf.compat.v1.train.AdamOptimizer(0.01), FLAGS.plan)
-        estimator = tf.estimator.Estimator(model_fn, config=config)
-        estimator.train(estimator_input_fn(user_model.input_fn, FLAGS.batch_size), max_steps=FLAGS.steps)
+    task = dapple_estimator.cluster_task(FLAGS.plan)
+    config = task.run_config(model_dir=FLAGS.model_dir, save_checkpoints_steps=3, save_summary_steps=3,
+                             tf_random_seed=0)  # dapple_train's --seed
+    if FLAGS.script:
+        model_fn = dapple_estimator.pipelined(script_model_fn, FLAGS.plan)
+    else:
+        model_fn = dapple_estimator.model_fn(user_model.batch_norm_model_fn,
+                                             lambda: tf.compat.v1.train.AdamOptimizer(0.01), FLAGS.plan)
+    estimator = tf.estimator.Estimator(model_fn, config=config)
+    estimator.train(estimator_input_fn(user_model.input_fn, FLAGS.batch_size), max_steps=FLAGS.steps)
     print(f"trained to step {FLAGS.steps}", flush=True)
 
 

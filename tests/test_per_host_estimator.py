@@ -81,7 +81,7 @@ def test_per_host_run_config_checkpoints_by_steps_unless_told_otherwise(tmp_path
 def test_without_tf_config_the_run_config_is_the_estimators(tmp_path, monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])], names=LAYERS)
-    with dapple_estimator.cluster_task(plan) as task:
-        config = task.run_config(model_dir=str(tmp_path), save_checkpoints_secs=60)
+    task = dapple_estimator.cluster_task(plan)
+    config = task.run_config(model_dir=str(tmp_path), save_checkpoints_secs=60)
     assert task.server is None and config.save_checkpoints_secs == 60 and config.master == ""
     assert isinstance(config, tf.estimator.RunConfig)

@@ -1,14 +1,14 @@
 """tf.estimator per host (TF 2.15 only): every task of a cluster runs the same Estimator script and builds only its
 own part of the pipeline, as the Trainer does (host_training.py).
 
-    with dapple_tf.frontends.estimator.cluster_task(plan) as task:   # per host: starts this task's server
-        estimator = tf.estimator.Estimator(dapple_tf.frontends.estimator.model_fn(...),
-                                           config=task.run_config(model_dir="run1", save_checkpoints_steps=100))
-        estimator.train(input_fn, max_steps=1000)
+    task = dapple_tf.frontends.estimator.cluster_task(plan)   # per host: starts this task's server
+    estimator = tf.estimator.Estimator(dapple_tf.frontends.estimator.model_fn(...),
+                                       config=task.run_config(model_dir="run1", save_checkpoints_steps=100))
+    estimator.train(input_fn, max_steps=1000)
 
 Without TF_CONFIG naming this process a worker task, `task.run_config` is `tf.estimator.RunConfig` and nothing
 changes. Per host (`dapple_launch --per_host -- python script.py`):
-- the task's server runs in this process (devices and threads from dapple_launch) for the time of the `with`;
+- the task's server runs in this process (devices and threads from dapple_launch), started by `cluster_task`;
 - the RunConfig's session is on that server (TF_CONFIG's "session_master"): the Estimator's own view of a
   cluster needs a chief, and per host every task is its own;
 - TRAIN builds this task's part; the Estimator's checkpoints, restore, logging and summaries give way to the
@@ -69,18 +69,15 @@ class ClusterTask:
             return RunConfig(**kwargs)
 
 
-@contextlib.contextmanager
-def cluster_task(plan):
-    """This process's ClusterTask; per host (TF_CONFIG names it a worker task) its server runs for the `with`."""
+def cluster_task(plan) -> ClusterTask:
+    """This process's ClusterTask; per host (TF_CONFIG names it a worker task) this starts the task's server, which
+    runs while the ClusterTask is referenced (a TF server has no stop: it ends with its object or the process)."""
     cluster = per_host_cluster()
     server = None
     if cluster is not None:
         devices, threads = roles.server_settings()
         server = servers.start_server(cluster, devices, threads)
-    try:
-        yield ClusterTask(plan, cluster, server)
-    finally:
-        del server
+    return ClusterTask(plan, cluster, server)
 
 
 @contextlib.contextmanager
