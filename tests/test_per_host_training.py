@@ -189,7 +189,7 @@ def test_checkpoints_by_seconds_are_at_steps_every_task_agrees_on(tmp_path):
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
     result = run_program("dapple_launch", "--cluster=local:2x1", "--per_host", "--", "dapple_train", "--model=mlp",
                          f"--plan={plan}", "--steps=60", f"--model_dir={tmp_path / 'm'}", "--save_checkpoints_steps=0",
-                         "--save_checkpoints_secs=0.2", "--log_every=0", "--summary_every=0", timeout=300)
+                         "--save_checkpoints_secs=0.05", "--log_every=0", "--summary_every=0", timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     paths = tf.train.get_checkpoint_state(str(tmp_path / "m")).all_model_checkpoint_paths
     steps = [int(p.rsplit("-", 1)[1]) for p in paths]
