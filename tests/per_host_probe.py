@@ -5,7 +5,8 @@
 
 Prints, per case, whether the two runs are bit-identical, the largest weight difference and each graph's ops.
 A stage's devices are [task, CPU index] pairs (every task has 2 CPU devices). Optional keys: "schedule" ("dapple"), "stage_functions" (false), "steps" (3), "batch" (12), "model"
-("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn; "embedding": embedding_model_fn), "remapping" (true: grappler's remapper on), "clip" (clip_global_norm). Run in its own process by tests/test_per_host.py,
+("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn; "embedding": embedding_model_fn; "script:<idiom>": tests.script_models.model_fn(idiom), the script's own step),
+"remapping" (true: grappler's remapper on), "clip" (clip_global_norm). Run in its own process by tests/test_per_host.py,
 so that the servers end with it; each per-host graph runs in a thread of this process with a session on its own
 task's server, as the task's own process would.
 """
@@ -19,7 +20,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 import dapple_tf
 from scripts.bench import host_threads
-from tests import toy_models
+from tests import script_models, toy_models
 
 TIMEOUT_S = 120
 
@@ -38,7 +39,15 @@ def _model_fn(case):
 
 def _build(case, own_task=None):
     """(handle, weights by name) of the case's pipeline in the default graph."""
-    batch = toy_models.embedding_batch if case.get("model") == "embedding" else toy_models.batch
+    model = case.get("model", "skip")
+    if model.startswith("script:"):  # the script's own training step: its optimizer, no other
+        idiom = model[len("script:"):]
+        tf.compat.v1.set_random_seed(7)  # its variables' initializers are random: the same draw in every graph
+        batch = script_models.ids_batch if idiom.startswith("sparse") else script_models.batch
+        model_fn, optimizer = script_models.model_fn(idiom), None
+    else:
+        batch = toy_models.embedding_batch if model == "embedding" else toy_models.batch
+        model_fn, optimizer = _model_fn(case), tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
     x, y = tf.nest.map_structure(tf.constant, batch(case.get("batch", 12)))
     plan = dapple_tf.Plan.from_stages(
         [(first, last, [_device(*d) for d in devices]) for first, last, devices in case["stages"]],
@@ -46,8 +55,7 @@ def _build(case, own_task=None):
     options = dapple_tf.PipelineOptions(schedule=case.get("schedule", "dapple"),
                                         stage_functions=case.get("stage_functions", False), own_task=own_task,
                                         clip_global_norm=case.get("clip"))
-    handle = dapple_tf.build_pipeline(_model_fn(case), x, y,
-                                      tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), plan, options)
+    handle = dapple_tf.build_pipeline(model_fn, x, y, optimizer, plan, options)
     return handle
 
 

@@ -10,6 +10,7 @@ averages assigned in UPDATE_OPS, as slim writes batch norm); the idioms:
 - bert:       tf.gradients(loss, tvars), tf.clip_by_global_norm, Adam's apply_gradients(zip(...)) without the
               global step, then global_step.assign_add(1) under a control dependency on it (TF1 BERT)
 - ema:        minimize, then ExponentialMovingAverage(0.9).apply(trainable variables) under a control dependency
+- adam:       AdamOptimizer's minimize (not in IDIOMS: tests/test_per_host.py trains it per host)
 And the same for gathered rows (an embedding table): sparse_clip (tf.gradients + clip_by_global_norm + Adam),
 sparse_unscale (loss scaled by 8, rows divided back, then clipped), sparse_clip_norm (clip_by_norm per gradient).
 """
@@ -122,6 +123,8 @@ def model_fn(idiom: str, bn: bool = False):
         if idiom == "sparse_clip_norm":
             pairs = [(tf.clip_by_norm(g, 0.2), v) for g, v in optimizer.compute_gradients(loss)]
             return Spec(loss, optimizer.apply_gradients(pairs, global_step))
+        if idiom == "adam":  # Adam's own minimize: its beta powers are variables of the optimizer, not of a slot
+            return Spec(loss, v1.train.AdamOptimizer(0.05).minimize(loss, global_step))
         if idiom == "ema":
             train_op = optimizer.minimize(loss, global_step)
             averages = v1.train.ExponentialMovingAverage(0.9)

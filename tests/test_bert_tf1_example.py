@@ -88,3 +88,38 @@ def test_ported_model_fn_trains_through_dapple_train(ported, tmp_path):
     want = train("one", plan_file(tmp_path / "one.json", [(0, 6, [0])], 1), 1)
     got = train("two", plan_file(tmp_path / "two.json", [(0, 2, [0, 1]), (3, 6, [2])], 2), 3)
     assert_same_training(want, got)
+
+
+def test_ported_model_fn_trains_per_host_as_the_one_graph(ported, tmp_path):
+    """Per host (dapple_launch --per_host), every task builds only its part, and the script's own
+    tf.clip_by_global_norm runs on the loss's task from every task's gradients (dapple_tf/rewrite/host_transform.py):
+    the checkpoint is the one graph's for the same cluster. Weights 10x the example's initializer, so that clipping
+    at 1.0 acts."""
+    from planner.formats import plan_pb2, write_message  # pylint: disable=import-outside-toplevel
+    from planner.formats.cluster import local_task_cluster  # pylint: disable=import-outside-toplevel
+
+    with open(os.path.join(ported, "bert_clipped.py"), "w") as f:
+        f.write(
+            "import numpy as np\nimport tensorflow as tf\nimport modeling\nimport run_classifier\n\n"
+            "model_fn = run_classifier.model_fn_builder(dict(modeling.CONFIG, initializer_range=0.2), learning_rate=0.01,\n"
+            "                                           num_train_steps=100, num_warmup_steps=1, init_checkpoint=None)\n\n\n"
+            "def input_fn(step, batch_size):  # the example's batches of steps 0-3, as tensors (a cluster's workers run them)\n"
+            "    batches = [run_classifier.examples(s, batch_size) for s in range(4)]\n"
+            "    features = {k: tf.gather(tf.constant(np.stack([b[0][k] for b in batches])), step % 4) for k in batches[0][0]}\n"
+            "    return features, tf.gather(tf.constant(np.stack([b[1] for b in batches])), step % 4)\n")
+    plan = plan_pb2.Plan(num_micro_batches=2, global_batch_size=16)
+    plan.cluster.CopyFrom(local_task_cluster(3, 1, memory_bytes=1e9))
+    plan.stages.add(first_layer=0, last_layer=2, device_ids=[0, 1])  # embeddings and layers 0-1 on tasks 0 and 1
+    plan.stages.add(first_layer=3, last_layer=6, device_ids=[2])  # the rest and the loss on task 2
+    write_message(plan, str(tmp_path / "plan.json"))
+
+    def train(name, *flags):
+        result = run_program("dapple_launch", "--cluster=local:3x1", *flags, "--", "dapple_train",
+                             "--model_fn=bert_clipped:model_fn", "--input_fn=bert_clipped:input_fn",
+                             f"--scope_patterns={LAYERS}", f"--plan={tmp_path / 'plan.json'}", "--steps=4",
+                             "--log_every=2", "--save_checkpoints_steps=4", f"--model_dir={tmp_path / name}",
+                             cwd=str(ported), timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return ported_examples.checkpoint(tmp_path / name)
+
+    assert_same_training(train("one_graph"), train("per_host", "--per_host"))

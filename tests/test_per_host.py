@@ -43,6 +43,17 @@ CASES = {
     "batch-norm-hybrid-3-stages": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0], [1, 1], [2, 0]]],
                                               [3, 4, [[2, 1], [0, 1]]]], "micro_batches": 2, "batch": 24,
                                    "model": "batch_norm"},
+    # a script's own training step (tests/script_models.py): TF1 BERT's tf.clip_by_global_norm between its
+    # tf.gradients and Adam's apply, replayed on the loss's task from every task's gradients; with gathered rows;
+    # a per-gradient transform leaving one variable out; Adam's own minimize (its beta powers on task 0)
+    "script-bert-hybrid": {"stages": [[0, 0, [[0, 0], [1, 0]]], [1, 2, [[2, 0]]]], "micro_batches": 2,
+                           "model": "script:bert"},
+    "script-sparse-clip": {"stages": [[0, 0, [[0, 0], [1, 0]]], [1, 2, [[1, 1]]]], "micro_batches": 2,
+                           "model": "script:sparse_clip"},
+    "script-scaled": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0], [2, 0]]]], "micro_batches": 2,
+                      "model": "script:scaled"},
+    "script-adam-straight": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0]]]], "micro_batches": 2,
+                             "model": "script:adam"},
 }
 # with grappler's defaults, these cases' graphs get the same fusions both ways (see test_with_grapplers_defaults)
 SAME_FUSIONS = ["straight", "data-parallel", "functions-zb-h1", "tied", "batch-norm-straight"]
@@ -84,7 +95,12 @@ def test_with_grapplers_defaults(results, name):
     assert result["max_difference"] <= 2.5e-7, result
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# every task traces the script's own step over every variable (its template): on two tasks of a three-layer model
+# the loss's task's graph (423 operations) outgrows the cluster's (406)
+TEMPLATE_BOUND = ["script-adam-straight"]
+
+
+@pytest.mark.parametrize("name", [name for name in CASES if name not in TEMPLATE_BOUND])
 def test_every_task_graph_is_smaller_than_the_clusters(results, name):
     result = results[name]["defaults"]
     assert all(ops < result["in_graph_ops"] for ops in result["per_host_ops"]), result

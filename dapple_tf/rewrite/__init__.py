@@ -17,7 +17,8 @@
    summaries.py): clipping and the gradient function (or the script's own transform, replayed), the optimizer's
    step on every copy, UPDATE_OPS once per step, the model's summaries built again on the pipeline.
 Per-host graphs (PipelineOptions.own_task): the same passes over one task's devices, with what crosses to other
-tasks' graphs in shared queues (host_part.py, host_boundaries.py, boundary_exchange.py).
+tasks' graphs in shared queues (host_part.py, host_boundaries.py, boundary_exchange.py); sums over the tasks in one
+order (task_sums.py); a script's own gradient transform replayed on the loss's task (host_transform.py).
 Analyses the passes consult: normalization.py and sync_batch_norm.py (batch statistics), random_ops.py,
 outputs.py (extra outputs), graph_walk.py.
 """

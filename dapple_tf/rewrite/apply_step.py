@@ -89,13 +89,15 @@ def _place_unplaced(created: Sequence[tf.Operation]) -> None:
 
 
 def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf.Operation,
-          applied_before: bool = False, remote_users: Sequence[tf.Variable] = ()) -> AppliedStep:
+          applied_before: bool = False, remote_users: Sequence[tf.Variable] = (), is_local=None) -> AppliedStep:
     """optimizer.apply_gradients(apply_pairs) after `after`; see the module docstring. `applied_before`: the
     script's own apply_gradients already ran on the user's variables in the template (script_training.py), so
     their slots exist: an optimizer making them with get_variable gets them again (AUTO_REUSE), as slot_creator's
     do by itself. `remote_users` (per-host graphs): other tasks' variables whose copies this graph applies; a second
     call, never run, makes their slots here under the names their own task gives them, so that the copies' slots
-    pair with them (and are set from them after a restore) as in the one graph."""
+    pair with them (and are set from them after a restore) as in the one graph. `is_local` (per-host graphs): whether a
+    device is this task's; a non-slot variable the script's own apply made on another task's device (Adam's beta
+    powers, advanced once per step by each task's apply) gets a local copy here, set from it like a slot."""
     graph = after.graph
     copy_grads = {id(copy): grad for grad, copy in apply_pairs}
     with tf.control_dependencies(None):
@@ -107,7 +109,8 @@ def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf
     first = len(graph.get_operations())
     reuse = tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=tf.compat.v1.AUTO_REUSE) \
         if applied_before else contextlib.nullcontext()
-    with tf.control_dependencies([after]), reuse:
+    non_slot = _remote_non_slot_variables(optimizer, graph, is_local) if applied_before and is_local else {}
+    with tf.control_dependencies([after]), reuse, _swapped(optimizer, non_slot, apply_pairs):
         apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
         if remote_pairs:
             with tf.name_scope("dapple_remote_slots"):
@@ -119,7 +122,36 @@ def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf
     cones = {copy: sorted(graph_walk.ancestors_within(writes.get(_handle_op(copy), []), created, control=False),
                           key=lambda op: op._id)  # creation order  # pylint: disable=protected-access
              for _, copy in list(apply_pairs) + remote_pairs}
-    return AppliedStep(apply_op, _check_and_pair(cones, copies, graph, type(optimizer).__name__))
+    slot_pairs = _check_and_pair(cones, copies, graph, type(optimizer).__name__)
+    return AppliedStep(apply_op, slot_pairs + [(v, c) for v, c in non_slot.values() if c is not None])
+
+
+def _remote_non_slot_variables(optimizer, graph: tf.Graph, is_local) -> Dict[tuple, list]:
+    """Key -> [variable, None] of a tf.compat.v1.train.Optimizer's non-slot variables of `graph` on other tasks."""
+    table = getattr(optimizer, "_non_slot_dict", {})
+    return {key: [v, None] for key, v in table.items() if key[1] is graph and not is_local(v.device)}
+
+
+@contextlib.contextmanager
+def _swapped(optimizer, non_slot: Dict[tuple, list], apply_pairs):
+    """Within: the optimizer's remote non-slot variables replaced by local copies (local variables, on the device of
+    the first variable it applies, as it places its own), recorded in `non_slot`."""
+    if not non_slot:
+        yield
+        return
+    table = optimizer._non_slot_dict  # pylint: disable=protected-access
+    device = min((copy for _, copy in apply_pairs), key=lambda v: v.op.name).device
+    for key, pair in non_slot.items():
+        variable = pair[0]
+        with tf.device(device), tf.control_dependencies(None):
+            pair[1] = table[key] = tf.compat.v1.Variable(
+                tf.zeros(variable.shape, variable.dtype.base_dtype), trainable=False, collections=[_LOCAL],
+                name=f"{variable.op.name}/dapple_copy", use_resource=True)
+    try:
+        yield
+    finally:
+        for key, (variable, _) in non_slot.items():
+            table[key] = variable
 
 
 def _zero_gradient(variable: tf.Variable, like):

@@ -113,7 +113,7 @@ class BoundaryExchange:
         send_extra sends in the clone's task)."""
         key = host_boundaries.extra_key(tensor.name, s, j, m)
         if key not in self._extras_received:
-            self._extras_received[key] = self.host.receive(key, tensor.dtype, tensor.shape, device, every_step=True)
+            self._extras_received[key] = self.host.receive(key, tensor.dtype, tensor.shape, device)
         return self._extras_received[key]
 
 

@@ -9,15 +9,16 @@ script_training.GradientFlow says what the script computes between its tf.gradie
 - everything else T reads (constants, variables, the global step, the learning rate) -> itself.
 Each imported operation runs on the device of its largest input (a gradient's device for per-gradient work; the
 few scalars of a global norm gather where the first of them is), so T moves no gradient between devices.
+A per-host graph replays T on the loss's task from every task's gradients (host_transform.py).
 """
 
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from dapple_tf.errors import DappleError
 from dapple_tf.model import script_training as st
-from dapple_tf.rewrite import graph_defs
+from dapple_tf.rewrite import graph_defs, host_part, task_sums
 
 Pairs = List[Tuple[object, tf.Variable]]
 
@@ -34,7 +35,7 @@ def _scale(flow: st.GradientFlow, tensor: tf.Tensor, power: int = 1) -> tf.Tenso
         return tensor
 
 
-def _component(grad, role: str, dtype: tf.DType, flow: st.GradientFlow) -> tf.Tensor:
+def component(grad, role: str, dtype: tf.DType, flow: st.GradientFlow) -> tf.Tensor:
     """The pipeline's counterpart of one component of a raw gradient."""
     sparse = isinstance(grad, tf.IndexedSlices)
     if role == st.DENSE:
@@ -48,23 +49,29 @@ def _component(grad, role: str, dtype: tf.DType, flow: st.GradientFlow) -> tf.Te
         return tf.cast(grad.dense_shape, dtype) if sparse else tf.shape(grad, out_type=dtype)
 
 
-def _substitute(sub: st.Substitute, squares: Dict[str, tf.Tensor], flow: st.GradientFlow, device: str) -> tf.Tensor:
-    if not squares:
-        raise DappleError(f"the script's gradient transform sums the squares of the gathered rows of "
-                          f"{sub.variable.op.name}, but the pipeline's gradient of it is not gathered rows alone")
-    per_device = []
-    for d in sorted(squares):
-        with tf.device(d):
-            per_device.append(tf.identity(squares[d]))
+def substitute(sub: st.Substitute, squares: Dict[str, tf.Tensor], flow: st.GradientFlow, device: str,
+               plan_devices=(), host=None, key: Callable[[str], str] = str) -> Optional[tf.Tensor]:
+    """The value of a Substitute on `device`, from the per-lookup squares of its variable's gathered rows (device ->
+    sum of squares), summed per task, then over the plan's tasks (task_sums.py). In a per-host graph another task's
+    sums come through queues `key(task)`: None but on `device`'s task."""
+    host = host or host_part.InGraph()
+    total = task_sums.summed_over_tasks(squares, device, plan_devices or list(squares), host, key)
+    if total is None:
+        return None
     with tf.device(device):
-        total = per_device[0] if len(per_device) == 1 else tf.add_n(per_device)
-        total = _scale(flow, total, power=2)
+        total = _scale(flow, tf.cast(total, sub.variable.dtype.base_dtype), power=2)
         for kind, factor in sub.factors:
             factor = tf.cast(factor, total.dtype)
             total = total * factor * factor if kind == "mul" else total / factor / factor
         if sub.kind == st.L2_LOSS:
             total = total / 2
         return tf.reshape(total, sub.shape)
+
+
+def check_squares(sub: st.Substitute, squares: Dict[str, tf.Tensor]) -> None:
+    if not squares:
+        raise DappleError(f"the script's gradient transform sums the squares of the gathered rows of "
+                          f"{sub.variable.op.name}, but the pipeline's gradient of it is not gathered rows alone")
 
 
 def _device_of(op: tf.Operation, default: str) -> str:
@@ -82,17 +89,32 @@ def _device_of(op: tf.Operation, default: str) -> str:
 def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, default_device: str) -> Pairs:
     """The (gradient, variable) pairs the script would give apply_gradients, computed from the pipeline's
     `grads_and_vars` (its user variables' full-batch gradients) by T; see the module docstring."""
-    graph = tf.compat.v1.get_default_graph()
     grad_of = {id(v): g for g, v in grads_and_vars}
-    input_map: Dict[str, tf.Tensor] = dict(flow.externals)
+    input_map: Dict[str, tf.Tensor] = {}
     for name, source in flow.sources.items():
         if id(source.variable) not in grad_of:
             raise DappleError(f"the pipeline computed no gradient for {source.variable.op.name}, which the script "
                               "applies")
-        dtype = graph.get_tensor_by_name(name).dtype
-        input_map[name] = _component(grad_of[id(source.variable)], source.role, dtype, flow)
+        input_map[name] = component(grad_of[id(source.variable)], source.role, source_dtype(name), flow)
     for name, sub in flow.substitutes.items():
-        input_map[name] = _substitute(sub, sparse_squares.get(sub.variable, {}), flow, default_device)
+        squares = sparse_squares.get(sub.variable, {})
+        check_squares(sub, squares)
+        input_map[name] = substitute(sub, squares, flow, default_device)
+    return transformed(flow, input_map, default_device)
+
+
+def source_dtype(name: str) -> tf.DType:
+    """The dtype of the script's tensor `name` (a raw gradient component)."""
+    return tf.compat.v1.get_default_graph().get_tensor_by_name(name).dtype
+
+
+def transformed(flow: st.GradientFlow, input_map: Dict[str, tf.Tensor], default_device: str,
+                is_local: Callable[[str], bool] = lambda device: True) -> Pairs:
+    """T imported with its inputs mapped by `input_map` (every source and substitute, by name): the script's final
+    (gradient, variable) pairs. An operation whose largest input is on a device `is_local` refuses runs on
+    `default_device`."""
+    graph = tf.compat.v1.get_default_graph()
+    input_map = dict(flow.externals, **input_map)
     outputs = sorted({t.name for g, _ in flow.finals for _, t in st.components(g)} - set(input_map))
     imported: Dict[str, tf.Tensor] = {}
     if flow.ops and outputs:
@@ -103,7 +125,8 @@ def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, default
         results = tf.compat.v1.import_graph_def(graph_def, input_map=fed, return_elements=outputs,
                                                 name="dapple/gradient_transform")
         for op in graph.get_operations()[first:]:
-            op._set_device(_device_of(op, default_device))  # pylint: disable=protected-access
+            device = _device_of(op, default_device)
+            op._set_device(device if is_local(device) else default_device)  # pylint: disable=protected-access
         imported = dict(zip(outputs, results))
 
     def mapped(t: tf.Tensor) -> tf.Tensor:

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from dapple_tf.errors import DappleError
-from dapple_tf.rewrite import gradient_replay, host_boundaries, host_part
+from dapple_tf.rewrite import gradient_replay, host_boundaries, host_part, host_transform, task_sums
 
 Pairs = List[Tuple[object, tf.Variable]]
 
@@ -29,47 +29,19 @@ def _scaled(grad, scale: tf.Tensor):
     return grad * tf.cast(scale, grad.dtype)
 
 
-def _sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
-    """A sum in a fixed order (an AddN's order moves with when its inputs arrive)."""
-    return tensors[0] if len(tensors) == 1 else tf.reduce_sum(tf.stack(list(tensors)))
-
-
 def global_norm(square_sums: Dict[str, List[tf.Tensor]], device: str, plan_devices: Sequence[str],
                 host) -> Optional[tf.Tensor]:
-    """sqrt of the sum of squares, on `device`: summed on each device holding some, then per task (its devices in
-    order), then over the plan's tasks in order (0 for a task holding none). In a per-host graph each task's sum
-    goes to `device` (one scalar per task and step): None where `device` is another task's."""
-    by_task: Dict[str, List[tf.Tensor]] = {}
+    """sqrt of the sum of squares, on `device`: summed on each device holding some, then per task, then over the
+    plan's tasks (task_sums.py). None in a per-host graph where `device` is another task's."""
+    by_device = {}
     for d in sorted(square_sums):
-        task = host.task if host.per_host and host.is_local(d) else host_part.task_of(d)  # unplaced: this task's
         with tf.device(d):
-            by_task.setdefault(task, []).append(_sum([tf.cast(t, tf.float32) for t in square_sums[d]]))
-    terms = []
-    for task in sorted(set(_first_devices(plan_devices)) | set(by_task)):
-        if host.per_host and task != host.task:
-            if host.is_local(device):
-                terms.append(host.receive(host_boundaries.norm_key(task), tf.float32, tf.TensorShape([]), device,
-                                          every_step=True))
-            continue
-        sums = by_task.get(task)
-        with tf.device(sums[0].device if sums else device):
-            term = _sum(sums) if sums else tf.constant(0.0)
-        if host.is_local(device):
-            terms.append(term)
-        else:
-            host.send(host_boundaries.norm_key(task), term, device)
-    if not host.is_local(device):
+            by_device[d] = task_sums.ordered_sum([tf.cast(t, tf.float32) for t in square_sums[d]])
+    total = task_sums.summed_over_tasks(by_device, device, plan_devices, host, host_boundaries.norm_key)
+    if total is None:
         return None
     with tf.device(device):
-        return tf.sqrt(_sum(terms), name="dapple_global_norm")
-
-
-def _first_devices(plan_devices: Sequence[str]) -> Dict[str, str]:
-    """Task -> its first device of the plan."""
-    out: Dict[str, str] = {}
-    for d in sorted(plan_devices):
-        out.setdefault(host_part.task_of(d), d)
-    return out
+        return tf.sqrt(total, name="dapple_global_norm")
 
 
 def clip_scale(norm: tf.Tensor, clip_norm: float) -> tf.Tensor:
@@ -86,12 +58,12 @@ def shared_clip_scale(norm: Optional[tf.Tensor], clip_norm: float, device: str, 
     receives it on its first device."""
     if host.is_local(device):
         scale = clip_scale(norm, clip_norm)
-        for task, first in sorted(_first_devices(plan_devices).items()):
+        for task, first in sorted(task_sums.first_devices(plan_devices).items()):
             if host.per_host and task != host.task:
                 host.send(host_boundaries.scale_key(task), scale, first)
         return scale
     return host.receive(host_boundaries.scale_key(host.task), tf.float32, tf.TensorShape([]),
-                        _first_devices(plan_devices)[host.task], every_step=True)
+                        task_sums.first_devices(plan_devices)[host.task])
 
 
 def square_sums(grads_and_vars: Pairs, sparse_squares: Dict[tf.Variable, Dict[str, tf.Tensor]],
@@ -166,16 +138,22 @@ def apply_gradient_fn(gradient_fn: Callable, grads_and_vars: Pairs, order: Seque
 def transform(grads_and_vars: Pairs, apply_pairs: Pairs, copies_of: Callable[[tf.Variable], Dict[str, tf.Variable]],
               clip_global_norm: Optional[float], gradient_fn: Optional[Callable], norm_device: str,
               sparse_squares, order: Sequence[tf.Variable], script_flow=None, host=None, plan_devices=(),
-              variable_devices=None) -> Tuple[Pairs, Optional[tf.Tensor]]:
+              variable_devices=None, copy_devices=None) -> Tuple[Pairs, Optional[tf.Tensor]]:
     """The (gradient, copy) pairs to apply after clipping and gradient_fn, and the global norm (None without
     clipping, and in a per-host graph but on the norm's task). With `script_flow` (script_training.GradientFlow),
     the script's own transform replaces both (gradient_replay.py), and only the variables it applies are applied.
-    host, plan_devices, variable_devices: a per-host graph's host_part.HostPart, the plan's devices and
-    StageBuilder.variable_devices (which device of the cluster counts each variable's square)."""
+    host, plan_devices, variable_devices, copy_devices: a per-host graph's host_part.HostPart, the plan's devices,
+    StageBuilder.variable_devices (which device of the cluster counts each variable's square) and
+    StageBuilder.copy_devices (where the script's final gradients go: host_transform.py)."""
     host = host or host_part.InGraph()
     if script_flow is not None:
-        transformed = {id(v): g for g, v in gradient_replay.replay(script_flow, grads_and_vars, sparse_squares,
-                                                                   norm_device)}
+        if host.per_host:
+            transformed = host_transform.replay(script_flow, grads_and_vars, sparse_squares, norm_device, host,
+                                                _counted_once(copies_of, variable_devices), copy_devices or {},
+                                                plan_devices)
+        else:
+            transformed = {id(v): g for g, v in gradient_replay.replay(script_flow, grads_and_vars, sparse_squares,
+                                                                       norm_device)}
         return _to_copies(transformed, grads_and_vars, apply_pairs, copies_of), None
     norm = None
     if clip_global_norm is not None:

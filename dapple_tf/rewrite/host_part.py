@@ -73,10 +73,9 @@ class HostPart:
         self._sends.append(enqueue)
         return enqueue
 
-    def receive(self, key: str, dtype: tf.DType, shape: Optional[tf.TensorShape], at_device: str,
-                every_step: bool = False) -> tf.Tensor:
-        """Dequeues this step's tensor of queue `key` on this task's device `at_device`, of a known `shape`;
-        `every_step`: the step takes it even where no operation of the step reads it (kept for `takes`)."""
+    def receive(self, key: str, dtype: tf.DType, shape: Optional[tf.TensorShape], at_device: str) -> tf.Tensor:
+        """Dequeues this step's tensor of queue `key` on this task's device `at_device`, of a known `shape`. Every
+        step takes it (`takes`), read by an operation of the step or not: its sender sends in every step."""
         with tf.control_dependencies(None):
             queue = self._queue(key, dtype, at_device)
         with tf.device(at_device):
@@ -85,8 +84,7 @@ class HostPart:
                 # as an op, so that grappler knows the shape too: it optimizes (fuses, folds) by shapes, and a
                 # dequeue's are unknown to it, which changed the last bits of some results against one graph
                 received = tf.ensure_shape(received, shape)
-        if every_step:
-            self._takes.append(received.op)
+        self._takes.append(received.op)
         return received
 
     def sends(self) -> List[tf.Operation]:
@@ -94,8 +92,10 @@ class HostPart:
         return list(self._sends)
 
     def takes(self) -> List[tf.Operation]:
-        """The receives a step must run though none of its operations reads them (what is combined once per step
-        for a fetch or a summary): their senders send every step."""
+        """Every receive: a step must run them all, though none of its operations may read some (what is combined
+        once per step for a fetch or a summary, the gradient of a boundary tensor that leads to no variable, a
+        script's gradient transform leaving a variable out): their senders send in every step, and a queue left
+        unread blocks its sender two steps later."""
         return list(self._takes)
 
     @staticmethod
@@ -109,7 +109,7 @@ def host_part(own_task: Optional[str], plan_devices) -> "InGraph | HostPart":
     return InGraph() if own_task is None else HostPart(own_task, plan_devices)
 
 
-def check_supported(host, options, script) -> None:
+def check_supported(host, options) -> None:
     """Refuses, for a per-host graph, what it does not build yet: each needs values from every task at once."""
     if not host.per_host:
         return
@@ -118,8 +118,6 @@ def check_supported(host, options, script) -> None:
         refused.append("cross_process_reduce (Horovod)")
     if options.gradient_fn is not None:
         refused.append("gradient_fn (it sees every task's gradients at once)")
-    if script is not None and script.flow.ops:
-        refused.append(f"a script's own gradient transform (apply_gradients at {script.where})")
     if refused:
         raise PerHostError(f"per-host graphs (PipelineOptions.own_task) do not yet support {', '.join(refused)}: build "
                            "one graph for the cluster (own_task=None)")
@@ -137,8 +135,8 @@ def check_synchronized_batch_norm(host, stage: int, devices, collectives: int) -
 
 
 def step_op(train_op: tf.Operation, host, loss) -> tf.Operation:
-    """The step of a per-host graph: the apply, every send (no later task waits for some), and every receive of
-    what arrives every step: the loss where it is summed, and the values combined once per step."""
+    """The step of a per-host graph: the apply, every send (no later task waits for some), every receive (`takes`)
+    and the loss where it is summed."""
     if not host.per_host:
         return train_op
     extra = host.sends() + host.takes() + ([loss.op] if loss is not None else [])

@@ -159,7 +159,7 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     layout = PipelineLayout.of(plan, template, options.schedule, options.recompute)
     random_ops.warn_per_slice(template.stages, layout)
     host = host_part.host_part(options.own_task, plan.devices)
-    host_part.check_supported(host, options, model_train.script)
+    host_part.check_supported(host, options)
     trainable = set(model_train.script.variables) if model_train.script else set(tf.compat.v1.trainable_variables())
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
@@ -348,14 +348,16 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     apply_pairs, norm = gradient_transforms.transform(
         grads_and_vars, apply_pairs, copies.copies_of, options.clip_global_norm, options.gradient_fn, norm_device,
         sparse_squares, tf.compat.v1.trainable_variables(), script.flow if script else None, host=host,
-        plan_devices=[d for stage in builder.layout.stages for d in stage.devices], variable_devices=variable_devices)
+        plan_devices=[d for stage in builder.layout.stages for d in stage.devices], variable_devices=variable_devices,
+        copy_devices=builder.copy_devices() if variable_devices is not None else None)
     applied_variables = {v for _, v in apply_pairs}
     remote_users = {}  # each once, though this task may hold several copies of it
     for user, copy in copies.extra_copies():
         if copy in applied_variables and host is not None and not host.is_local(user.device):
             remote_users.setdefault(id(user), user)
     applied = apply_step.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check,
-                               applied_before=script is not None, remote_users=list(remote_users.values()))
+                               applied_before=script is not None, remote_users=list(remote_users.values()),
+                               is_local=host.is_local if host is not None and host.per_host else None)
     train_op = tf.group(applied.apply_op, *update_ops, name="dapple_train") if update_ops else applied.apply_op
     return _Step(train_op, grads_and_vars, allreduce_op_names, applied.slot_pairs, norm)
 

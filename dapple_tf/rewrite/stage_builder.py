@@ -347,6 +347,16 @@ class StageBuilder:
                 out[variable] = out.get(variable, ()) + tuple(d for d in devices if d not in out.get(variable, ()))
         return {v: devices for v, devices in out.items() if v in local}
 
+    def copy_devices(self) -> Dict[tf.Variable, Tuple[str, ...]]:
+        """Per trainable variable a stage reads, every device of the cluster whose replica reads it (where the one
+        graph has its copies), in order."""
+        out: Dict[tf.Variable, Tuple[str, ...]] = {}
+        for stage in self.template.stages:
+            for ext in self._trainable_externals(stage):
+                variable = self.template.variable_of_handle[ext.tensor.name]
+                out[variable] = tuple(sorted(set(out.get(variable, ())) | set(stage.stage.devices)))
+        return out
+
     def extra_outputs(self) -> Dict[str, tf.Tensor]:
         """model_fn's extra outputs, each combined over micro-batches and replicas (outputs.py)."""
         return {extra.name: self.combined(extra) for extra in self.template.extras}
