@@ -5,8 +5,8 @@
 
 Prints, per case, whether the two runs are bit-identical, the largest weight difference and each graph's ops.
 A stage's devices are [task, CPU index] pairs (every task has 2 CPU devices). Optional keys: "schedule" ("dapple"), "stage_functions" (false), "steps" (3), "batch" (12), "model"
-("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn; "embedding": embedding_model_fn; "script:<idiom>": tests.script_models.model_fn(idiom), the script's own step),
-"remapping" (true: grappler's remapper on), "clip" (clip_global_norm). Run in its own process by tests/test_per_host.py,
+("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn; "embedding": embedding_model_fn; "tied_embedding": tied_embedding_model_fn; "script:<idiom>": tests.script_models.model_fn(idiom), the script's own step),
+"remapping" (true: grappler's remapper on), "clip" (clip_global_norm), "gradient_fn" (true: _normalized). Run in its own process by tests/test_per_host.py,
 so that the servers end with it; each per-host graph runs in a thread of this process with a session on its own
 task's server, as the task's own process would.
 """
@@ -30,11 +30,18 @@ def _device(task: int, index: int) -> str:
 
 
 def _model_fn(case):
-    if case.get("model") == "embedding":
-        return toy_models.embedding_model_fn
+    if case.get("model") in ("embedding", "tied_embedding"):
+        return getattr(toy_models, f"{case['model']}_model_fn")
     values = toy_models.initial_values()
     return {"skip": toy_models.skip_model_fn, "tied": toy_models.tied_model_fn,
             "batch_norm": toy_models.batch_norm_model_fn}[case.get("model", "skip")](values)
+
+
+def _normalized(pairs):
+    """A gradient_fn that needs every gradient at once: each divided by 1 + their global norm."""
+    scale = 1.0 / (1.0 + tf.linalg.global_norm([g for g, _ in pairs]))
+    return [(tf.IndexedSlices(g.values * scale, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices)
+             else g * scale, v) for g, v in pairs]
 
 
 def _build(case, own_task=None):
@@ -46,7 +53,7 @@ def _build(case, own_task=None):
         batch = script_models.ids_batch if idiom.startswith("sparse") else script_models.batch
         model_fn, optimizer = script_models.model_fn(idiom), None
     else:
-        batch = toy_models.embedding_batch if model == "embedding" else toy_models.batch
+        batch = toy_models.embedding_batch if model.endswith("embedding") else toy_models.batch
         model_fn, optimizer = _model_fn(case), tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
     x, y = tf.nest.map_structure(tf.constant, batch(case.get("batch", 12)))
     plan = dapple_tf.Plan.from_stages(
@@ -54,7 +61,8 @@ def _build(case, own_task=None):
         case["micro_batches"])
     options = dapple_tf.PipelineOptions(schedule=case.get("schedule", "dapple"),
                                         stage_functions=case.get("stage_functions", False), own_task=own_task,
-                                        clip_global_norm=case.get("clip"))
+                                        clip_global_norm=case.get("clip"),
+                                        gradient_fn=_normalized if case.get("gradient_fn") else None)
     handle = dapple_tf.build_pipeline(model_fn, x, y, optimizer, plan, options)
     return handle
 

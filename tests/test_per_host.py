@@ -54,9 +54,19 @@ CASES = {
                       "model": "script:scaled"},
     "script-adam-straight": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0]]]], "micro_batches": 2,
                              "model": "script:adam"},
+    # a table gathered on task 0 and multiplied whole on task 1 (tied embeddings): both sum it dense, as one graph
+    "tied-embedding": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0]]]], "micro_batches": 2, "model": "tied_embedding"},
+    "tied-embedding-clip": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0]]]], "micro_batches": 2,
+                            "model": "tied_embedding", "clip": 0.5},
+    # gradient_fn (each gradient divided by 1 + their global norm) on the loss's task, from every task's gradients
+    "gradient-fn-hybrid-3-stages": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0], [2, 0]]], [3, 4, [[2, 1]]]],
+                                    "micro_batches": 2, "gradient_fn": True},
+    "gradient-fn-embedding-clip": {"stages": [[0, 0, [[0, 0], [1, 0]]], [1, 2, [[1, 1]]]], "micro_batches": 2,
+                                   "model": "embedding", "clip": 0.5, "gradient_fn": True},
 }
 # with grappler's defaults, these cases' graphs get the same fusions both ways (see test_with_grapplers_defaults)
-SAME_FUSIONS = ["straight", "data-parallel", "functions-zb-h1", "tied", "batch-norm-straight"]
+SAME_FUSIONS = ["straight", "data-parallel", "functions-zb-h1", "tied", "batch-norm-straight", "script-sparse-clip",
+                "tied-embedding", "tied-embedding-clip", "gradient-fn-embedding-clip"]
 
 
 @pytest.fixture(scope="module")
@@ -192,10 +202,26 @@ def test_own_task_must_run_part_of_the_plan():
 def test_what_per_host_graphs_do_not_build_yet_is_refused_by_name():
     plan = _plan((0, 2, [(0, 0)]), (3, 4, [(1, 0)]))
     with tf.Graph().as_default(), pytest.raises(PerHostError) as raised:
-        _build(plan, _task(0), clip_global_norm=1.0, gradient_fn=lambda pairs: pairs)
+        _build(plan, _task(0), cross_process_reduce=lambda buffer: buffer)
     assert str(raised.value) == (
-        "per-host graphs (PipelineOptions.own_task) do not yet support gradient_fn (it sees every task's gradients "
-        "at once): build one graph for the cluster (own_task=None)")
+        "per-host graphs (PipelineOptions.own_task) do not yet support cross_process_reduce (Horovod): build one "
+        "graph for the cluster (own_task=None)")
+
+
+def test_a_gradient_fn_changing_a_gradients_kind_is_refused_per_host():
+    """The other tasks apply what gradient_fn returns in the kind they sent (gathered rows, or dense)."""
+    def densified(pairs):
+        return [(tf.convert_to_tensor(g), v) for g, v in pairs]
+
+    plan = _plan((0, 0, [(0, 0)]), (1, 2, [(1, 0)]))
+    x, y = toy_models.embedding_batch(8)
+    with tf.Graph().as_default(), pytest.raises(PerHostError) as raised:
+        dapple_tf.build_pipeline(toy_models.embedding_model_fn, tf.nest.map_structure(tf.constant, x), tf.constant(y),
+                                 tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                 dapple_tf.PipelineOptions(own_task=_task(1), gradient_fn=densified))
+    assert str(raised.value) == (
+        "per-host graphs (PipelineOptions.own_task): gradient_fn returned the gradient of table as a dense tensor, "
+        "which it got as gathered rows (IndexedSlices): the other tasks apply it as they sent it")
 
 
 def test_a_merged_trace_holds_each_devices_stats_from_its_own_tasks_session():
@@ -313,3 +339,29 @@ def test_each_side_of_a_boundary_lists_the_same_pairs(batch_major):
                 assert pieces == {(i, j, first, count) for i in range(producers)
                                   for j, first, count in host_boundaries.gradient_pieces_for(batch_major, p_sizes,
                                                                                              c_sizes, i)}
+
+
+def test_every_task_sums_a_table_as_gathered_rows_whatever_else_reads_it_without_a_gradient():
+    """Each task decides from the template whether another task's stage gives gathered rows (tied embeddings:
+    not). A histogram of the table and a stop_gradient of its norm read it whole but pass no gradient back: the
+    table's gradient stays gathered rows, on the task that holds it as in the one graph."""
+    def model_fn(features, labels):
+        with dapple_tf.layer("embed"):
+            table = tf.compat.v1.get_variable("table", initializer=tf.ones([toy_models.VOCAB, toy_models.EMBED]))
+            tf.compat.v1.summary.histogram("table", table)
+            vectors = tf.nn.embedding_lookup(table, features["ids"]) * tf.stop_gradient(tf.norm(table))
+        with dapple_tf.layer("head"):
+            w = tf.compat.v1.get_variable("w", initializer=tf.ones([toy_models.EMBED, 2]))
+            logits = tf.matmul(tf.reduce_mean(vectors, axis=1) + features["dense"], w)
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+    plan = _plan((0, 0, [(0, 0)]), (1, 1, [(1, 0)]))
+    x, y = toy_models.embedding_batch(8)
+    kinds = {}
+    for task in (0, 1):
+        with tf.Graph().as_default():
+            handle = dapple_tf.build_pipeline(model_fn, tf.nest.map_structure(tf.constant, x), tf.constant(y),
+                                              tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
+                                              dapple_tf.PipelineOptions(own_task=_task(task)))
+            kinds[task] = {v.op.name: isinstance(g, tf.IndexedSlices) for g, v in handle.grads_and_vars}
+    assert kinds == {0: {"table": True}, 1: {"w": False}}

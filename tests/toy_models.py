@@ -150,6 +150,20 @@ def embedding_model_fn(features, labels):
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
 
 
+def tied_embedding_model_fn(features, labels):
+    """embedding_model_fn with its table also the output projection (tied, as language models tie them): gathered
+    rows in the first stage, a dense gradient in the last."""
+    rng = np.random.RandomState(3)
+    with dapple_tf.layer("embed"):
+        table = tf.compat.v1.get_variable("table", initializer=tf.constant(rng.randn(VOCAB, EMBED).astype(np.float32)))
+        vectors = tf.nn.embedding_lookup(table, features["ids"])
+    with dapple_tf.layer("pool"):
+        pooled = tf.reduce_mean(vectors, axis=1) + features["dense"]
+    with dapple_tf.layer("head"):
+        logits = tf.matmul(pooled, table, transpose_b=True)  # labels < 2 <= VOCAB
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
 def embedding_batch(n, seed=4):
     rng = np.random.RandomState(seed)
     ids = rng.randint(0, VOCAB, size=(n, TOKENS)).astype(np.int32)

@@ -138,26 +138,26 @@ def apply_gradient_fn(gradient_fn: Callable, grads_and_vars: Pairs, order: Seque
 def transform(grads_and_vars: Pairs, apply_pairs: Pairs, copies_of: Callable[[tf.Variable], Dict[str, tf.Variable]],
               clip_global_norm: Optional[float], gradient_fn: Optional[Callable], norm_device: str,
               sparse_squares, order: Sequence[tf.Variable], script_flow=None, host=None, plan_devices=(),
-              variable_devices=None, copy_devices=None) -> Tuple[Pairs, Optional[tf.Tensor]]:
+              variable_devices=None, copy_devices=None, gathered=None) -> Tuple[Pairs, Optional[tf.Tensor]]:
     """The (gradient, copy) pairs to apply after clipping and gradient_fn, and the global norm (None without
     clipping, and in a per-host graph but on the norm's task). With `script_flow` (script_training.GradientFlow),
     the script's own transform replaces both (gradient_replay.py), and only the variables it applies are applied.
-    host, plan_devices, variable_devices, copy_devices: a per-host graph's host_part.HostPart, the plan's devices,
-    StageBuilder.variable_devices (which device of the cluster counts each variable's square) and
-    StageBuilder.copy_devices (where the script's final gradients go: host_transform.py)."""
+    host, plan_devices, variable_devices, copy_devices, gathered: a per-host graph's host_part.HostPart, the plan's
+    devices, and StageBuilder's variable_devices (which device of the cluster counts each variable's square),
+    copy_devices and gathered_rows_only (what the transforms on the loss's task get and send: host_transform.py)."""
     host = host or host_part.InGraph()
+    cluster = host_transform.ClusterGradients(host, plan_devices, _counted_once(copies_of, variable_devices),
+                                              copy_devices or {}, gathered or set()) if host.per_host else None
     if script_flow is not None:
         if host.per_host:
-            transformed = host_transform.replay(script_flow, grads_and_vars, sparse_squares, norm_device, host,
-                                                _counted_once(copies_of, variable_devices), copy_devices or {},
-                                                plan_devices)
+            transformed = host_transform.replay(script_flow, grads_and_vars, sparse_squares, norm_device, cluster)
         else:
             transformed = {id(v): g for g, v in gradient_replay.replay(script_flow, grads_and_vars, sparse_squares,
                                                                        norm_device)}
         return _to_copies(transformed, grads_and_vars, apply_pairs, copies_of), None
     norm = None
     if clip_global_norm is not None:
-        counted = _counted_once(copies_of, variable_devices) if host.per_host else (lambda v, d: True)
+        counted = cluster.counted if host.per_host else (lambda v, d: True)
         norm = global_norm(square_sums(grads_and_vars, sparse_squares, order, counted), norm_device, plan_devices,
                            host)
         scale = shared_clip_scale(norm, clip_global_norm, norm_device, plan_devices, host)
@@ -166,7 +166,11 @@ def transform(grads_and_vars: Pairs, apply_pairs: Pairs, copies_of: Callable[[tf
         grads_and_vars = clip_pairs(grads_and_vars, scale)
     if gradient_fn is None:
         return apply_pairs, norm
-    transformed = {id(v): g for g, v in apply_gradient_fn(gradient_fn, grads_and_vars, order)}
+    if host.per_host:
+        transformed = host_transform.gradient_fn_finals(lambda pairs: apply_gradient_fn(gradient_fn, pairs, order),
+                                                        grads_and_vars, order, norm_device, cluster)
+    else:
+        transformed = {id(v): g for g, v in apply_gradient_fn(gradient_fn, grads_and_vars, order)}
     return _to_copies(transformed, grads_and_vars, apply_pairs, copies_of), norm
 
 

@@ -152,15 +152,16 @@ def _exchange_key(devices, dtype: tf.DType, bucket: int) -> str:
 
 def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys,
                     cross_process_reduce=None, bucket_bytes: Optional[float] = None,
-                    start_after: Optional[tf.Operation] = None, host=None, variable_devices=None):
+                    start_after: Optional[tf.Operation] = None, host=None, variable_devices=None, gathered=None):
     """AllReduce per (device set, dtype) in buckets; returns (grads_and_vars, (grad, copy) pairs to apply).
 
     cross_process_reduce(buffer) -> buffer, if given, reduces each bucket's packed in-process sum
     once across processes (dapple_tf.frontends.horovod), weighted by the process's share of the batch.
     bucket_bytes: see the module docstring (None: ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
     start_after: an op every device's first collective waits for (build_pipeline's stale-copy check).
-    host, variable_devices: in a per-host graph, its host_part.HostPart and every device of the cluster that
-    accumulates each variable's gradient (StageBuilder.variable_devices); sums and pairs are this task's."""
+    host, variable_devices, gathered: in a per-host graph, its host_part.HostPart, every device of the cluster that
+    accumulates each variable's gradient (StageBuilder.variable_devices) and the variables whose gradient is gathered
+    rows on all of them (StageBuilder.gathered_rows_only); sums and pairs are this task's."""
     bucket_bytes = ALLREDUCE_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     host = host or host_part.InGraph()
     devices_of = variable_devices if host.per_host else accumulator.devices_of()
@@ -184,7 +185,7 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
         local = [d for d in devices if host.is_local(d)]
         buckets = _buckets(groups[(devices, dtype)], accumulator, local[0], size, position)
         for b, bucket in enumerate(buckets):
-            sparse = [v for v in bucket if accumulator.is_sparse(v, local)]
+            sparse = [v for v in bucket if (v in gathered if gathered is not None else accumulator.is_sparse(v, local))]
             per_device = {
                 d: [accumulator.sums[(v, d)] for v in bucket] + [accumulator.row_counts[(v, d)] for v in sparse]
                 if d in local else None

@@ -1,7 +1,7 @@
 """Walking a graph: whether an op depends on any of some ops; the ops some ops depend on (all, within a set, or in
 creation order); the ops reachable from some ops."""
 
-from typing import Collection, List, Sequence, Set
+from typing import Callable, Collection, List, Optional, Sequence, Set
 
 import tensorflow as tf
 
@@ -21,16 +21,17 @@ def depends_on_any(op: tf.Operation, targets: Collection[tf.Operation]) -> bool:
     return False
 
 
-def ancestors_within(ops: Sequence[tf.Operation], within: Collection[tf.Operation], control: bool = True) -> Set[tf.Operation]:
+def ancestors_within(ops: Sequence[tf.Operation], within: Collection[tf.Operation], control: bool = True,
+                     through: Optional[Callable[[tf.Operation, tf.Tensor], bool]] = None) -> Set[tf.Operation]:
     """`ops` and every operation of `within` they depend on (data inputs, and control inputs unless `control` is
-    False), walking only through `within`."""
+    False), walking only through `within`, and only along the data inputs `through(op, input)` accepts if given."""
     found, stack = set(), [op for op in ops if op in within]
     while stack:
         op = stack.pop()
         if op in found:
             continue
         found.add(op)
-        stack.extend(t.op for t in op.inputs if t.op in within)
+        stack.extend(t.op for t in op.inputs if t.op in within and (through is None or through(op, t)))
         if control:
             stack.extend(c for c in op.control_inputs if c in within)
     return found

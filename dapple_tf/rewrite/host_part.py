@@ -110,14 +110,12 @@ def host_part(own_task: Optional[str], plan_devices) -> "InGraph | HostPart":
 
 
 def check_supported(host, options) -> None:
-    """Refuses, for a per-host graph, what it does not build yet: each needs values from every task at once."""
+    """Refuses, for a per-host graph, what it does not build yet (Horovod's reduction across processes)."""
     if not host.per_host:
         return
     refused = []
     if options.cross_process_reduce is not None:
         refused.append("cross_process_reduce (Horovod)")
-    if options.gradient_fn is not None:
-        refused.append("gradient_fn (it sees every task's gradients at once)")
     if refused:
         raise PerHostError(f"per-host graphs (PipelineOptions.own_task) do not yet support {', '.join(refused)}: build "
                            "one graph for the cluster (own_task=None)")

@@ -330,13 +330,15 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     stale_copy_check = copies.stale_copy_check()
     first_reduce_op = len(graph.get_operations())
     variable_devices = builder.variable_devices() if host is not None and host.per_host else None
+    gathered = builder.gathered_rows_only() if variable_devices is not None else None
     grads_and_vars, apply_pairs = gradients.reduce_and_pair(
         builder.accumulator, copies, keys, options.cross_process_reduce, options.allreduce_bucket_bytes,
-        start_after=stale_copy_check, host=host, variable_devices=variable_devices)
+        start_after=stale_copy_check, host=host, variable_devices=variable_devices, gathered=gathered)
     allreduce_op_names = tuple(op.name for op in graph.get_operations()[first_reduce_op:])
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
-    sparse_squares = builder.accumulator.squares_of_sparse()
+    sparse_squares = {v: squares for v, squares in builder.accumulator.squares_of_sparse().items()
+                      if gathered is None or v in gathered}
     squared = options.clip_global_norm is not None or bool(script and script.flow.substitutes)
     if squared and options.cross_process_reduce is not None and sparse_squares:
         what = "clip_global_norm" if options.clip_global_norm is not None else \
@@ -349,7 +351,7 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
         grads_and_vars, apply_pairs, copies.copies_of, options.clip_global_norm, options.gradient_fn, norm_device,
         sparse_squares, tf.compat.v1.trainable_variables(), script.flow if script else None, host=host,
         plan_devices=[d for stage in builder.layout.stages for d in stage.devices], variable_devices=variable_devices,
-        copy_devices=builder.copy_devices() if variable_devices is not None else None)
+        copy_devices=builder.copy_devices() if variable_devices is not None else None, gathered=gathered)
     applied_variables = {v for _, v in apply_pairs}
     remote_users = {}  # each once, though this task may hold several copies of it
     for user, copy in copies.extra_copies():

@@ -22,13 +22,13 @@ the clones would be large (`stage_function.use_functions`).
 import dataclasses
 import random
 import warnings
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Set, Tuple
 
 import tensorflow as tf
 
-from dapple_tf.rewrite import (boundary_exchange, collectives, graph_defs as graph_defs_lib, host_boundaries,
-                               host_part, microbatch, outputs as outputs_lib, recompute as recompute_lib,
-                               stage_function, sync_batch_norm, tasks, v1_control_flow)
+from dapple_tf.rewrite import (boundary_exchange, collectives, gradient_kinds, graph_defs as graph_defs_lib,
+                               host_boundaries, host_part, microbatch, outputs as outputs_lib,
+                               recompute as recompute_lib, stage_function, sync_batch_norm, tasks, v1_control_flow)
 from dapple_tf.errors import DappleError, PerHostError, PlanError
 from dapple_tf.rewrite.gradients import GradientAccumulator
 from dapple_tf.rewrite.layout import PipelineLayout
@@ -346,6 +346,27 @@ class StageBuilder:
                     continue
                 out[variable] = out.get(variable, ()) + tuple(d for d in devices if d not in out.get(variable, ()))
         return {v: devices for v, devices in out.items() if v in local}
+
+    def gathered_rows_only(self) -> Set[tf.Variable]:
+        """The trainable variables whose gradient is gathered rows in every stage of the cluster that reads them
+        (gradient_kinds.py); a per-host graph's own stages checked against their clones' gradients."""
+        kinds: Dict[tf.Variable, bool] = {}
+        for stage in self.template.stages:
+            targets = [t.op for t in stage.outputs if _differentiable(t)] + ([stage.loss.op] if stage.loss is not None
+                                                                             else [])
+            ops = gradient_kinds.carrying_gradients(targets, set(stage.ops))
+            for ext in self._trainable_externals(stage):
+                variable = self.template.variable_of_handle[ext.tensor.name]
+                gathered = gradient_kinds.gathered_rows_only(ext.tensor, ops)
+                here = [d for d in stage.stage.devices if (variable, d) in self.accumulator.sums]
+                if here and self.accumulator.is_sparse(variable, here) != gathered:
+                    got = "gathered rows" if not gathered else "a dense gradient"
+                    raise PerHostError(
+                        f"per-host graphs (PipelineOptions.own_task): the uses of {variable.op.name} in stage "
+                        f"{stage.stage.index} give {got}, which its operations do not tell the other tasks: build one "
+                        "graph for the cluster (own_task=None)")
+                kinds[variable] = kinds.get(variable, True) and gathered
+        return {v for v, gathered in kinds.items() if gathered}
 
     def copy_devices(self) -> Dict[tf.Variable, Tuple[str, ...]]:
         """Per trainable variable a stage reads, every device of the cluster whose replica reads it (where the one
