@@ -138,16 +138,16 @@ def apply_gradient_fn(gradient_fn: Callable, grads_and_vars: Pairs, order: Seque
 def transform(grads_and_vars: Pairs, apply_pairs: Pairs, copies_of: Callable[[tf.Variable], Dict[str, tf.Variable]],
               clip_global_norm: Optional[float], gradient_fn: Optional[Callable], norm_device: str,
               sparse_squares, order: Sequence[tf.Variable], script_flow=None, host=None, plan_devices=(),
-              variable_devices=None, copy_devices=None, gathered=None) -> Tuple[Pairs, Optional[tf.Tensor]]:
+              variable_devices=None, copy_devices=None, kinds=None) -> Tuple[Pairs, Optional[tf.Tensor]]:
     """The (gradient, copy) pairs to apply after clipping and gradient_fn, and the global norm (None without
     clipping, and in a per-host graph but on the norm's task). With `script_flow` (script_training.GradientFlow),
     the script's own transform replaces both (gradient_replay.py), and only the variables it applies are applied.
-    host, plan_devices, variable_devices, copy_devices, gathered: a per-host graph's host_part.HostPart, the plan's
+    host, plan_devices, variable_devices, copy_devices, kinds: a per-host graph's host_part.HostPart, the plan's
     devices, and StageBuilder's variable_devices (which device of the cluster counts each variable's square),
-    copy_devices and gathered_rows_only (what the transforms on the loss's task get and send: host_transform.py)."""
+    copy_devices and gradient_kinds (what the transforms on the loss's task get and send: host_transform.py)."""
     host = host or host_part.InGraph()
     cluster = host_transform.ClusterGradients(host, plan_devices, _counted_once(copies_of, variable_devices),
-                                              copy_devices or {}, gathered or set()) if host.per_host else None
+                                              copy_devices or {}, kinds or {}) if host.per_host else None
     if script_flow is not None:
         if host.per_host:
             transformed = host_transform.replay(script_flow, grads_and_vars, sparse_squares, norm_device, cluster)

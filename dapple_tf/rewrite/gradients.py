@@ -161,7 +161,7 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
     start_after: an op every device's first collective waits for (build_pipeline's stale-copy check).
     host, variable_devices, gathered: in a per-host graph, its host_part.HostPart, every device of the cluster that
     accumulates each variable's gradient (StageBuilder.variable_devices) and the variables whose gradient is gathered
-    rows on all of them (StageBuilder.gathered_rows_only); sums and pairs are this task's."""
+    rows on all of them (from StageBuilder.gradient_kinds); sums and pairs are this task's."""
     bucket_bytes = ALLREDUCE_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     host = host or host_part.InGraph()
     devices_of = variable_devices if host.per_host else accumulator.devices_of()

@@ -12,7 +12,7 @@ graph moves only a norm's scalars between devices.
 """
 
 import dataclasses
-from typing import Callable, Dict, List, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -32,7 +32,7 @@ class ClusterGradients:
     plan_devices: Sequence[str]
     counted: Callable[[tf.Variable, str], bool]  # whether this task sends the variable's gradient on that device
     copy_devices: Dict[tf.Variable, Tuple[str, ...]]  # every device holding a copy of each variable
-    gathered: Set[tf.Variable]  # the variables whose gradient is gathered rows (StageBuilder.gathered_rows_only)
+    kinds: Dict[tf.Variable, bool]  # the variables with gradients: gathered rows or not (StageBuilder.gradient_kinds)
 
 
 def _key(kind: str, name: str, task: str = "") -> str:
@@ -63,7 +63,7 @@ def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, norm_de
             else:
                 host.send(_key("source", name), value, norm_device)
         elif here:
-            if variable not in cluster.copy_devices:
+            if variable not in cluster.kinds:
                 raise DappleError(f"the pipeline computed no gradient for {variable.op.name}, which the script "
                                   "applies")
             input_map[name] = host.receive(_key("source", name), dtype, graph.get_tensor_by_name(name).shape,
@@ -92,11 +92,11 @@ def gradient_fn_finals(call: Callable[[Pairs], Pairs], grads_and_vars: Pairs, or
     host = cluster.host
     here = host.is_local(norm_device)
     grad_of = {id(v): g for g, v in grads_and_vars}
-    gathered = []
+    pairs = []
     for variable in order:
-        if variable not in cluster.copy_devices:
-            continue  # no stage reads it: no gradient, in the one graph either
-        grad, spec = grad_of.get(id(variable)), _variable_spec(variable, cluster.gathered)
+        if variable not in cluster.kinds:
+            continue  # no stage gives it a gradient: in the one graph's pairs neither
+        grad, spec = grad_of.get(id(variable)), _variable_spec(variable, cluster.kinds[variable])
         if grad is not None and cluster.counted(variable, _device(grad)):
             parts = st.components(grad)
             if [role for role, _ in parts] != [role for role, _, _ in spec]:
@@ -109,19 +109,19 @@ def gradient_fn_finals(call: Callable[[Pairs], Pairs], grads_and_vars: Pairs, or
             grad = _assembled({role: host.receive(_key("gradient", f"{variable.op.name}/{role}"), dtype, shape,
                                                   norm_device) for role, dtype, shape in spec})
         if here:
-            gathered.append((grad, variable))
+            pairs.append((grad, variable))
     if here:
-        finals = call(gathered)
-        for (given, variable), (returned, _) in zip(gathered, finals):
+        finals = call(pairs)
+        for (given, variable), (returned, _) in zip(pairs, finals):
             if isinstance(given, tf.IndexedSlices) != isinstance(returned, tf.IndexedSlices):
                 raise PerHostError(f"per-host graphs (PipelineOptions.own_task): gradient_fn returned the gradient of "
                                    f"{variable.op.name} as {_kind(returned)}, which it got as {_kind(given)}: the "
                                    "other tasks apply it as they sent it")
         out = _send_finals(finals, cluster)
     else:
-        out = _receive_finals([(v, _variable_spec(v, cluster.gathered)) for v in order if v in cluster.copy_devices],
+        out = _receive_finals([(v, _variable_spec(v, cluster.kinds[v])) for v in order if v in cluster.kinds],
                               cluster)
-    _check_received(out, [v for v in order if v in cluster.copy_devices], grad_of, host)
+    _check_received(out, [v for v in order if v in cluster.kinds], grad_of, host)
     return out
 
 
@@ -134,10 +134,10 @@ def _spec(grad) -> Spec:
     return [(role, t.dtype, t.shape) for role, t in st.components(grad)]
 
 
-def _variable_spec(variable: tf.Variable, gathered: Set[tf.Variable]) -> Spec:
+def _variable_spec(variable: tf.Variable, gathered: bool) -> Spec:
     """The components of the pipeline's reduced gradient of `variable` (gradients._as_slices for gathered rows)."""
     dtype, shape = variable.dtype.base_dtype, variable.shape
-    if variable not in gathered:
+    if not gathered:
         return [(st.DENSE, dtype, shape)]
     return [(st.VALUES, dtype, tf.TensorShape([None]).concatenate(shape[1:])),
             (st.INDICES, tf.int64, tf.TensorShape([None])), (st.DENSE_SHAPE, tf.int64, tf.TensorShape([shape.rank]))]

@@ -330,7 +330,8 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     stale_copy_check = copies.stale_copy_check()
     first_reduce_op = len(graph.get_operations())
     variable_devices = builder.variable_devices() if host is not None and host.per_host else None
-    gathered = builder.gathered_rows_only() if variable_devices is not None else None
+    kinds = builder.gradient_kinds() if variable_devices is not None else None
+    gathered = {v for v, rows in kinds.items() if rows} if kinds is not None else None
     grads_and_vars, apply_pairs = gradients.reduce_and_pair(
         builder.accumulator, copies, keys, options.cross_process_reduce, options.allreduce_bucket_bytes,
         start_after=stale_copy_check, host=host, variable_devices=variable_devices, gathered=gathered)
@@ -351,7 +352,7 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
         grads_and_vars, apply_pairs, copies.copies_of, options.clip_global_norm, options.gradient_fn, norm_device,
         sparse_squares, tf.compat.v1.trainable_variables(), script.flow if script else None, host=host,
         plan_devices=[d for stage in builder.layout.stages for d in stage.devices], variable_devices=variable_devices,
-        copy_devices=builder.copy_devices() if variable_devices is not None else None, gathered=gathered)
+        copy_devices=builder.copy_devices() if variable_devices is not None else None, kinds=kinds)
     applied_variables = {v for _, v in apply_pairs}
     remote_users = {}  # each once, though this task may hold several copies of it
     for user, copy in copies.extra_copies():

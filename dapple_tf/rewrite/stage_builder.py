@@ -22,7 +22,7 @@ the clones would be large (`stage_function.use_functions`).
 import dataclasses
 import random
 import warnings
-from typing import Dict, List, Sequence, Set, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -347,9 +347,10 @@ class StageBuilder:
                 out[variable] = out.get(variable, ()) + tuple(d for d in devices if d not in out.get(variable, ()))
         return {v: devices for v, devices in out.items() if v in local}
 
-    def gathered_rows_only(self) -> Set[tf.Variable]:
-        """The trainable variables whose gradient is gathered rows in every stage of the cluster that reads them
-        (gradient_kinds.py); a per-host graph's own stages checked against their clones' gradients."""
+    def gradient_kinds(self) -> Dict[tf.Variable, bool]:
+        """Per trainable variable some stage of the cluster gives a gradient, whether every such stage gives gathered
+        rows (gradient_kinds.py): read from the template for other tasks' stages, from the clones for this task's
+        (which must agree with the template on the kind)."""
         kinds: Dict[tf.Variable, bool] = {}
         for stage in self.template.stages:
             targets = [t.op for t in stage.outputs if _differentiable(t)] + ([stage.loss.op] if stage.loss is not None
@@ -358,15 +359,17 @@ class StageBuilder:
             for ext in self._trainable_externals(stage):
                 variable = self.template.variable_of_handle[ext.tensor.name]
                 gathered = gradient_kinds.gathered_rows_only(ext.tensor, ops)
-                here = [d for d in stage.stage.devices if (variable, d) in self.accumulator.sums]
+                local = [d for d in stage.stage.devices if self.host.is_local(d)]
+                here = [d for d in local if (variable, d) in self.accumulator.sums]
                 if here and self.accumulator.is_sparse(variable, here) != gathered:
                     got = "gathered rows" if not gathered else "a dense gradient"
                     raise PerHostError(
                         f"per-host graphs (PipelineOptions.own_task): the uses of {variable.op.name} in stage "
                         f"{stage.stage.index} give {got}, which its operations do not tell the other tasks: build one "
                         "graph for the cluster (own_task=None)")
-                kinds[variable] = kinds.get(variable, True) and gathered
-        return {v for v, gathered in kinds.items() if gathered}
+                if here or (not local and any(op in ops for op in ext.tensor.consumers())):
+                    kinds[variable] = kinds.get(variable, True) and gathered
+        return kinds
 
     def copy_devices(self) -> Dict[tf.Variable, Tuple[str, ...]]:
         """Per trainable variable a stage reads, every device of the cluster whose replica reads it (where the one

@@ -10,7 +10,9 @@ warm-up), its wall time the launch's from start to exit. Plans (the paper config
 --global_batch_size):
 - straight: dense_0-1 on task 0, dense_2-head on task 1, M=4;
 - dp: the whole model on both tasks, M=1.
-Prints each round's steps side by side and, per plan, the medians and per host / one graph.
+Prints each round's steps side by side and, per plan, the medians and per host / one graph. With --cpu, also the
+CPU each process of the launch used per step between the first and the last progress window (from /proc), by
+thread group (TF's compute threads, gRPC's, the Python thread, ...): where a pinned core's time goes.
 """
 
 import os
@@ -21,7 +23,7 @@ import time
 
 from absl import flags
 
-from scripts.bench import harness
+from scripts.bench import harness, process_cpu
 from scripts.cli import reject_arguments, run_main
 
 FLAGS = flags.FLAGS
@@ -33,6 +35,7 @@ flags.DEFINE_integer("cores_per_worker", 1, "dapple_launch's: each worker pinned
 flags.DEFINE_integer("inter_op_threads", None, "dapple_launch's: each worker's inter-op threads (default: its cores "
                      "+ 1).")
 flags.DEFINE_string("json", "", "Also write the rows here.")
+flags.DEFINE_boolean("cpu", False, "Also print each process's CPU ms per step by thread group (module docstring).")
 
 LAYERS = ["dense_0", "dense_1", "dense_2", "dense_3", "head"]
 PLANS = {"straight": ([(0, 1, [0]), (2, 4, [1])], 4), "dp": ([(0, 4, [0, 1])], 1)}
@@ -69,11 +72,21 @@ def run_once(plan_path: str, per_host: bool, steps: int) -> dict:
     launcher = [f"--cores_per_worker={FLAGS.cores_per_worker}"] + (["--per_host"] if per_host else [])
     if FLAGS.inter_op_threads is not None:
         launcher.append(f"--inter_op_threads={FLAGS.inter_op_threads}")
-    code, lines = harness.stream_command(harness.launch_command("local:2x1", train, *launcher), lambda _: None)
+    snapshots = []
+
+    def on_line(line):
+        found = _WINDOW.search(line)
+        if FLAGS.cpu and found:
+            snapshots.append((int(found.group(1)), process_cpu.snapshot(plan_path)))
+
+    code, lines = harness.stream_command(harness.launch_command("local:2x1", train, *launcher), on_line)
     if code:
         raise RuntimeError(f"dapple_launch exited with {code}:\n" + "".join(lines[-30:]))
     windows = windows_ms(lines)
-    return {"step_ms": statistics.mean(windows[1:]), "windows_ms": windows, "wall_s": time.perf_counter() - started}
+    row = {"step_ms": statistics.mean(windows[1:]), "windows_ms": windows, "wall_s": time.perf_counter() - started}
+    if FLAGS.cpu and len(snapshots) >= 2:
+        row["cpu_ms_per_step"] = process_cpu.per_step(snapshots[0], snapshots[-1])
+    return row
 
 
 def main(argv):
@@ -93,6 +106,8 @@ def main(argv):
                 print(f"| {r} | {name} | {got[False]['step_ms']:.1f} | {got[True]['step_ms']:.1f} | "
                       f"{got[True]['step_ms'] / got[False]['step_ms']:.2f}x | {got[False]['wall_s']:.1f} | "
                       f"{got[True]['wall_s']:.1f} |", flush=True)
+    if FLAGS.cpu:
+        process_cpu.print_table(rows)
     for name in plans:
         one = statistics.median(row["one_graph"]["step_ms"] for row in rows if row["plan"] == name)
         per = statistics.median(row["per_host"]["step_ms"] for row in rows if row["plan"] == name)
