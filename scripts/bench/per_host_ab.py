@@ -8,11 +8,11 @@ Each run is a whole `dapple_launch --cluster=local:2x1 [--per_host] -- dapple_tr
 a core each, or as --cores_per_worker says); its steady step is the mean of dapple_train's progress windows after the first (the first holds the
 warm-up), its wall time the launch's from start to exit. Plans (the paper config of the reference MLP, global batch
 --global_batch_size):
-- straight: dense_0-1 on task 0, dense_2-head on task 1, M=4;
+- straight: dense_0-1 on task 0, dense_2-head on task 1, M=4 (--micro_batches);
 - dp: the whole model on both tasks, M=1.
 Prints each round's steps side by side and, per plan, the medians and per host / one graph. With --cpu, also the
 CPU each process of the launch used per step between the first and the last progress window (from /proc), by
-thread group (TF's compute threads, gRPC's, the Python thread, ...): where a pinned core's time goes.
+thread group (the main thread: a client's Python loop; gRPC's threads; TF's others): where a pinned core's time goes.
 """
 
 import os
@@ -31,6 +31,7 @@ flags.DEFINE_integer("rounds", 3, "Rounds; each runs every plan both ways, the o
 flags.DEFINE_list("plans", ["straight", "dp"], "Plans: straight, dp (module docstring).")
 flags.DEFINE_integer("steps", 60, "Steps per run (progress every steps / 3).")
 flags.DEFINE_integer("global_batch_size", 128, "Samples per step.")
+flags.DEFINE_integer("micro_batches", 4, "M of the straight plan (each micro-batch crosses between the tasks twice).")
 flags.DEFINE_integer("cores_per_worker", 1, "dapple_launch's: each worker pinned to this many cores (0: unpinned).")
 flags.DEFINE_integer("inter_op_threads", None, "dapple_launch's: each worker's inter-op threads (default: its cores "
                      "+ 1).")
@@ -47,6 +48,7 @@ def write_plan(path: str, name: str, batch: int) -> str:
     from planner.formats.cluster import local_task_cluster  # pylint: disable=import-outside-toplevel
 
     stages, micro_batches = PLANS[name]
+    micro_batches = FLAGS.micro_batches if name == "straight" else micro_batches
     plan = plan_pb2.Plan(model_name="mlp", planner="manual", global_batch_size=batch,
                          num_micro_batches=micro_batches, micro_batch_size=batch // micro_batches,
                          schedule=plan_pb2.DAPPLE)

@@ -10,8 +10,7 @@ import re
 from typing import Dict, Tuple
 
 _TICK_MS = 1000.0 / os.sysconf("SC_CLK_TCK")
-_GROUPS = [("compute", re.compile(r"^tf_|Eigen|numa")), ("grpc", re.compile(r"grpc|default-execut|resolver")),
-           ("python", re.compile(r"^python"))]
+_GRPC = re.compile(r"grpc|default-execut|resolver")  # TF's own threads take their process's name ("python")
 
 Snapshot = Dict[Tuple[int, str], Dict[str, float]]  # (pid, process label) -> thread group -> CPU ms
 
@@ -34,8 +33,10 @@ def _children() -> Dict[int, list]:
     return out
 
 
-def _group(thread_name: str) -> str:
-    return next((group for group, pattern in _GROUPS if pattern.search(thread_name)), "other")
+def _group(pid: int, tid: int, thread_name: str) -> str:
+    """main: the process's first thread (Python's: a client's training loop); grpc: gRPC's named threads; tf: the
+    rest (TensorFlow's thread pools, which keep their process's name)."""
+    return "main" if tid == pid else "grpc" if _GRPC.search(thread_name) else "tf"
 
 
 def _label(pid: int) -> str:
@@ -63,7 +64,8 @@ def snapshot(marker: str) -> Snapshot:
                 continue
             fields = stat[stat.rindex(")") + 2:].split()
             name = stat[stat.index("(") + 1:stat.rindex(")")]
-            groups[_group(name)] = groups.get(_group(name), 0.0) + (int(fields[11]) + int(fields[12])) * _TICK_MS
+            group = _group(pid, int(tid), name)
+            groups[group] = groups.get(group, 0.0) + (int(fields[11]) + int(fields[12])) * _TICK_MS
         out[(pid, _label(pid))] = groups
     return out
 
