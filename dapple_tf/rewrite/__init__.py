@@ -11,7 +11,7 @@
    split into input gradients (B) and weight gradients (W);
 5. order (tasks.py, weight_batching.py): control edges that make each device run its tasks in the schedule's
    order (for dapple-batched-w, after stacking each stage's weight gradients over its micro-batches);
-6. gradients and AllReduce (gradients.py, collectives.py): accumulation over micro-batches, then sums
+6. gradients and AllReduce (gradients.py, collectives.py, halving_exchange.py): accumulation over micro-batches, then sums
    across the replicas in buckets;
 7. apply (gradient_transforms.py, gradient_replay.py, apply_step.py, pipeline.py, replicas.py, batch_norm.py,
    summaries.py): clipping and the gradient function (or the script's own transform, replayed), the optimizer's

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from dapple_tf.rewrite import halving_exchange
 from dapple_tf.rewrite.microbatch import slice_sizes
 
 
@@ -117,7 +118,9 @@ def exchange_sum(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], pack_by
     even share first cut along its first axis into one piece per device) is summed on one owner
     device, in one fixed order of devices, the owners' bytes balanced; every other device reads the
     owner's sum (all-gather). Each device sends and receives about (n - 1) / n of the bytes twice, like
-    a ring, in one round each way; every device gets the same bits.
+    a ring, in one round each way; every device gets the same bits. Groups of three devices or more are
+    summed by recursive halving and doubling instead (halving_exchange.py: a per-host graph's operations grow with
+    the logarithm of the group's size).
 
     In a per-host graph (`host` a host_part.HostPart), the lists of other tasks' devices are None: a piece
     this task owns is received from them and its sum sent back, through queues named from `key`.
@@ -127,6 +130,8 @@ def exchange_sum(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], pack_by
     local = [d for d in devices if grads_per_device[d] is not None]
     like = grads_per_device[local[0]]
     groups = _groups(like, pack_bytes)
+    if n >= halving_exchange.HALVING_DEVICES:
+        return _halving_sums(grads_per_device, groups, host, key)
     buffers = {}
     for d in local:
         with tf.device(d):
@@ -154,6 +159,24 @@ def exchange_sum(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], pack_by
                 k += c
             result[d] = out
     return result
+
+
+def _halving_sums(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], groups: List[List[int]], host, key: str
+                  ) -> Dict[str, List[tf.Tensor]]:
+    """exchange_sum by recursive halving and doubling, group by group (each starts when its gradients are made)."""
+    like = next(t for t in grads_per_device.values() if t is not None)
+    out = {d: [None] * len(like) for d, tensors in grads_per_device.items() if tensors is not None}
+    for k, g in enumerate(groups):
+        buffers = {}
+        for d, tensors in grads_per_device.items():
+            with tf.device(d):
+                buffers[d] = None if tensors is None else tf.reshape(_buffer([tensors[i] for i in g]), [-1])
+        for d, total in halving_exchange.halving_doubling_sum(buffers, host, f"{key}/g{k}").items():
+            with tf.device(d):
+                parts = _unpack(total, [like[i] for i in g]) if len(g) > 1 else [tf.reshape(total, like[g[0]].shape)]
+                for i, t in zip(g, parts):
+                    out[d][i] = t
+    return out
 
 
 def _piece_sums(k: int, owner: str, devices: Sequence[str], pieces: Dict[str, List[tf.Tensor]], host, key: str
