@@ -83,24 +83,6 @@ class BoundaryExchange:
                         out.setdefault(c, []).append((first_row, jc, piece))
         return out
 
-    def loss_terms(self, weighted: Dict[Tuple[int, int], tf.Tensor], num_micro_batches: int, device: str
-                   ) -> List[tf.Tensor]:
-        """Every clone's weighted loss in (micro-batch, replica) order on `device` when it is this task's (those of
-        other tasks' replicas received); else this task's are sent there and the list is empty."""
-        loss_stage = next(st for st in self.template.stages if st.loss is not None)
-        terms = []
-        for m in range(num_micro_batches):
-            for j, replica_device in enumerate(loss_stage.stage.devices):
-                key = host_boundaries.loss_key(j, m)
-                if self.host.is_local(replica_device):
-                    if self.host.is_local(device):
-                        terms.append(weighted[(m, j)])
-                    else:
-                        self.host.send(key, weighted[(m, j)], device)
-                elif self.host.is_local(device):
-                    terms.append(self.host.receive(key, loss_stage.loss.dtype, tf.TensorShape([]), device))
-        return terms
-
     def send_extra(self, tensor: tf.Tensor, s: int, m: int, j: int, value: tf.Tensor, device: str) -> None:
         """Sends clone (s, m, j)'s `value` of template tensor `tensor` to `device`, once however often asked."""
         key = host_boundaries.extra_key(tensor.name, s, j, m)

@@ -78,9 +78,9 @@ def gradient_key(name: str, producer: Tuple[int, int], consumer: Tuple[int, int]
     return "dapple/gradient/" + _pair(name, producer, consumer, m)
 
 
-def loss_key(replica: int, m: int) -> str:
-    """The queue of the last stage's replica's weighted loss of micro-batch m, to the loss's device."""
-    return f"dapple/loss/r{replica}/mb{m}"
+def loss_key(task: str) -> str:
+    """The queue of task `task`'s sum of its weighted losses, to the loss's device."""
+    return f"dapple/loss/{task}"
 
 
 def extra_key(name: str, stage: int, replica: int, m: int) -> str:

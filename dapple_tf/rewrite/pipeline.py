@@ -177,12 +177,10 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     builder.build_backward()
     builder.chain()
     extra_outputs, update_ops = _combined_once(builder, updates, model_summaries, layout.stages[-1].devices[0], host)
-    loss_terms = builder.loss_terms(layout.stages[-1].devices[0])
-    loss_mean = None
-    if loss_terms:
+    loss_mean = builder.loss_mean(layout.stages[-1].devices[0])
+    if loss_mean is not None:
         with tf.device(layout.stages[-1].devices[0]):
-            # in a fixed order: an AddN adds in the order its inputs arrive, which moved the last bit between runs
-            loss_mean = tf.identity(collectives.deterministic_sum(loss_terms), name="dapple_loss")
+            loss_mean = tf.identity(loss_mean, name="dapple_loss")
     if global_step is not None and not host.is_local(global_step.device):
         global_step = None  # its own task's graph counts the steps
     step = _reduce_and_apply(graph, builder, copies, keys, optimizer, options, global_step, update_ops,

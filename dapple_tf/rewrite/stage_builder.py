@@ -22,13 +22,14 @@ the clones would be large (`stage_function.use_functions`).
 import dataclasses
 import random
 import warnings
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from dapple_tf.rewrite import (boundary_exchange, collectives, gradient_kinds, graph_defs as graph_defs_lib,
                                host_boundaries, host_part, microbatch, outputs as outputs_lib,
-                               recompute as recompute_lib, stage_function, sync_batch_norm, tasks, v1_control_flow)
+                               recompute as recompute_lib, stage_function, sync_batch_norm, task_sums, tasks,
+                               v1_control_flow)
 from dapple_tf.errors import DappleError, PerHostError, PlanError
 from dapple_tf.rewrite.gradients import GradientAccumulator
 from dapple_tf.rewrite.layout import PipelineLayout
@@ -317,19 +318,22 @@ class StageBuilder:
                                                                            if t is not None)
         return self._rows_per_sample[key]
 
-    @property
-    def weighted_losses(self) -> List[tf.Tensor]:
-        """This graph's clones' losses, each weighted by its slice's share of the global batch, in (micro-batch,
-        replica) order."""
-        return [self._weighted_losses[key] for key in sorted(self._weighted_losses)]
-
-    def loss_terms(self, device: str) -> List[tf.Tensor]:
-        """Every clone's weighted loss, in (micro-batch, replica) order, to be summed on `device`. In a per-host
-        graph, those of replicas on other tasks are received when `device` is this task's, and this task's are
-        sent there when it is not (then the list is empty)."""
-        if not self.host.per_host:
-            return self.weighted_losses
-        return self.exchange.loss_terms(self._weighted_losses, self.layout.num_micro_batches, device)
+    def loss_mean(self, device: str) -> Optional[tf.Tensor]:
+        """The mean loss over the global batch on `device`: each clone's loss weighted by its slice's share of the
+        batch, summed over the micro-batches on its replica's device, then per task and over the tasks in order
+        (task_sums.py), so that the loss's task receives one term per task. None in a per-host graph where `device`
+        is another task's (this task's sum is sent there)."""
+        loss_stage = next(st for st in self.template.stages if st.loss is not None)
+        devices = loss_stage.stage.devices
+        terms: Dict[str, List[tf.Tensor]] = {}
+        for (_, j), term in sorted(self._weighted_losses.items()):
+            terms.setdefault(devices[j], []).append(term)
+        sums = {}
+        for d, per_micro_batch in terms.items():
+            with tf.device(d):
+                sums[d] = task_sums.ordered_sum(per_micro_batch)
+        return task_sums.summed_over_tasks(sums, device, devices, self.host, host_boundaries.loss_key,
+                                           loss_stage.loss.dtype.base_dtype)
 
     def variable_devices(self) -> Dict[tf.Variable, Tuple[str, ...]]:
         """Per trainable variable this graph holds a gradient of, every device of the cluster that accumulates

@@ -27,24 +27,24 @@ def first_devices(plan_devices: Sequence[str]) -> Dict[str, str]:
 
 
 def summed_over_tasks(by_device: Dict[str, tf.Tensor], device: str, plan_devices: Sequence[str], host,
-                      key: Callable[[str], str]) -> Optional[tf.Tensor]:
-    """The float32 sum of the scalars `by_device` (device -> scalar) on `device`: per task, then over the plan's
+                      key: Callable[[str], str], dtype: tf.DType = tf.float32) -> Optional[tf.Tensor]:
+    """The sum, in `dtype`, of the scalars `by_device` (device -> scalar) on `device`: per task, then over the plan's
     tasks in order. In a per-host graph a task's sum goes to `device` through queue `key(task)`: None where `device`
     is another task's."""
     by_task: Dict[str, List[tf.Tensor]] = {}
     for d in sorted(by_device):
         task = host.task if host.per_host and host.is_local(d) else host_part.task_of(d)  # unplaced: this task's
         with tf.device(d):
-            by_task.setdefault(task, []).append(tf.cast(by_device[d], tf.float32))
+            by_task.setdefault(task, []).append(tf.cast(by_device[d], dtype))
     terms = []
     for task in sorted(set(first_devices(plan_devices)) | set(by_task)):
         if host.per_host and task != host.task:
             if host.is_local(device):
-                terms.append(host.receive(key(task), tf.float32, tf.TensorShape([]), device))
+                terms.append(host.receive(key(task), dtype, tf.TensorShape([]), device))
             continue
         sums = by_task.get(task)
         with tf.device(sums[0].device if sums else device):
-            term = ordered_sum(sums) if sums else tf.constant(0.0)
+            term = ordered_sum(sums) if sums else tf.constant(0, dtype)
         if host.is_local(device):
             terms.append(term)
         else:
