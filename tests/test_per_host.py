@@ -20,6 +20,9 @@ CASES = {
                         "batch": 12},
     "data-parallel": {"stages": [[0, 4, [[0, 0], [1, 0]]]], "micro_batches": 1},
     "data-parallel-3-uneven": {"stages": [[0, 4, [[0, 0], [1, 0], [2, 1]]]], "micro_batches": 2, "batch": 14},
+    # four devices halve and double twice (halving_exchange.py); the two of task 2 are partners in a round
+    "data-parallel-4-two-rounds": {"stages": [[0, 4, [[0, 0], [1, 0], [2, 0], [2, 1]]]], "micro_batches": 1,
+                                   "batch": 16},
     "functions-zb-h1": {"stages": [[0, 1, [[0, 0]]], [2, 4, [[1, 0]]]], "micro_batches": 4, "schedule": "zb-h1",
                         "stage_functions": True},
     "tied": {"stages": [[0, 0, [[0, 0]]], [1, 2, [[1, 0]]]], "micro_batches": 2, "model": "tied"},
@@ -65,7 +68,7 @@ CASES = {
                                    "model": "embedding", "clip": 0.5, "gradient_fn": True},
 }
 # with grappler's defaults, these cases' graphs get the same fusions both ways (see test_with_grapplers_defaults)
-SAME_FUSIONS = ["straight", "data-parallel", "functions-zb-h1", "tied", "batch-norm-straight", "script-sparse-clip",
+SAME_FUSIONS = ["straight", "data-parallel", "data-parallel-4-two-rounds", "functions-zb-h1", "tied", "batch-norm-straight", "script-sparse-clip",
                 "tied-embedding", "tied-embedding-clip", "gradient-fn-embedding-clip"]
 
 
