@@ -108,13 +108,10 @@ def test_with_grapplers_defaults(results, name):
     assert result["max_difference"] <= 2.5e-7, result
 
 
-# every task traces the script's own step over every variable (its template): on two tasks of a three-layer model
-# the loss's task's graph (423 operations) outgrows the cluster's (406)
-TEMPLATE_BOUND = ["script-adam-straight"]
-
-
-@pytest.mark.parametrize("name", [name for name in CASES if name not in TEMPLATE_BOUND])
+@pytest.mark.parametrize("name", list(CASES))
 def test_every_task_graph_is_smaller_than_the_clusters(results, name):
+    """A script's own step, traced over every variable, stays in the scratch graph too (host_graph.py): its loss's
+    task held 423 operations against the cluster's 406 while every task kept the whole template."""
     result = results[name]["defaults"]
     assert all(ops < result["in_graph_ops"] for ops in result["per_host_ops"]), result
 

@@ -63,8 +63,10 @@ class HostTraining:
                                f"{planned}: training per host needs one task for each of the plan's tasks (plan for "
                                "this cluster, or launch as many tasks as the plan has)")
 
-    def pipeline_options(self, options):
-        return dataclasses.replace(options, own_task=self.own_task)
+    def pipeline_options(self, options, evaluates: bool = False):
+        """`options` for this task's part; `evaluates`: the loss's task calls model_fn again on held-out data, on
+        every task's variables, so its graph keeps them all (PipelineOptions.whole_template)."""
+        return dataclasses.replace(options, own_task=self.own_task, whole_template=evaluates or options.whole_template)
 
     def prepare(self, handle, inputs) -> None:
         """After build_pipeline, before the graph is finalized: waits for the other tasks, agrees with them which

@@ -52,6 +52,8 @@ class PipelineOptions:
     own_task: build only this task's part of the pipeline (per-host graphs, host_part.py): every task of the
         cluster runs the same program with its own task ("/job:worker/replica:0/task:1") and a session on its own
         server; tensors between tasks go through shared queues. None: one graph for every device of the plan.
+    whole_template: with own_task, keep every task's layers in this task's graph (the model as traced once, which
+        evaluating model_fn again on this task reads); False: only what this task's part reads (host_graph.py).
     """
 
     schedule: Optional[str] = None
@@ -65,6 +67,7 @@ class PipelineOptions:
     clip_global_norm: Optional[float] = None
     gradient_fn: Optional[Callable] = None
     own_task: Optional[str] = None
+    whole_template: bool = False
 
     def __post_init__(self):
         if self.clip_global_norm is not None and not (isinstance(self.clip_global_norm, (int, float))

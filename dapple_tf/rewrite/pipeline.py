@@ -24,7 +24,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.eager import context
 
 from dapple_tf.rewrite import (apply_step, batch_norm as batch_norm_lib, collectives, gradient_transforms, gradients,
-                               graph_walk, host_part, outputs as outputs_lib, random_ops, stage_function, summaries,
+                               graph_walk, host_graph, host_part, outputs as outputs_lib, random_ops, stage_function, summaries,
                                template as template_lib)
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model import minimize as minimize_lib, training_calls
@@ -154,7 +154,31 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     require_graph_mode("build_pipeline")
     options, plan = _check_inputs(optimizer, plan, options)
     graph = tf.compat.v1.get_default_graph()
+    if options.own_task is None or options.whole_template:
+        return _build(graph, model_fn, (features, labels, global_step), optimizer, plan, options, layers)[0]
+    try:
+        handle, fields = host_graph.build_in_scratch(
+            graph, lambda arguments: _build(tf.compat.v1.get_default_graph(), model_fn, arguments, optimizer, plan,
+                                            options, layers), (features, labels, global_step), _GRAPH_FIELDS)
+    except host_graph.CrossGraphError as e:
+        tf.compat.v1.logging.warning(f"this task's graph keeps every task's layers (PipelineOptions.whole_template): "
+                                     f"building in a scratch graph failed on a tensor made outside model_fn ({e})")
+        return _build(graph, model_fn, (features, labels, global_step), optimizer, plan, options, layers)[0]
+    return dataclasses.replace(handle, tasks=_tasks_used(options.own_task, graph), **fields)
+
+
+# The PipelineHandle's fields that hold tensors, operations or variables
+_GRAPH_FIELDS = ("train_op", "loss", "grads_and_vars", "initializer", "local_init_op", "broadcast_op", "outputs",
+                 "update_ops", "function_call_ops", "global_norm", "ready_for_local_init_op")
+
+
+def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options: PipelineOptions, layers
+           ) -> Tuple[PipelineHandle, int]:
+    """build_pipeline in `graph`, with (features, labels, global_step) `arguments`. Returns the handle and the
+    number of operations in `graph` before the passes after the template."""
+    features, labels, global_step = arguments
     template, created, model_train = _trace_template(graph, model_fn, features, labels, plan, layers)
+    first_part_op = len(graph.get_operations())
     optimizer, options, global_step = _training(model_train, optimizer, options, global_step)
     layout = PipelineLayout.of(plan, template, options.schedule, options.recompute)
     random_ops.warn_per_slice(template.stages, layout)
@@ -207,8 +231,8 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
         function_call_ops=builder.function_call_ops(),
         global_norm=step.global_norm,
         ready_for_local_init_op=ready,
-        tasks=_tasks_used(host, graph) if host.per_host else (),
-    )
+        tasks=_tasks_used(host.task, graph) if host.per_host else (),
+    ), first_part_op
 
 
 def _combined_once(builder, updates, model_summaries, device: str, host):
@@ -388,12 +412,15 @@ def _remote_uninitialized(host, ops: Sequence[tf.Operation]) -> tf.Tensor:
     return uninitialized
 
 
-def _tasks_used(host, graph: tf.Graph) -> Tuple[str, ...]:
-    """host's own task, then the other tasks the graph places operations on. Not only those a step runs
-    operations on: a session places every operation of its graph (the template's too, on its stages' first devices),
-    and one on a task outside its device filters is an error even if it never runs."""
-    used = {host_part.task_of(op.device) for op in graph.get_operations() if not host.is_local(op.device)}
-    return (host.task,) + tuple(sorted(used))
+def _tasks_used(own_task: str, graph: tf.Graph) -> Tuple[str, ...]:
+    """The own task, then the other tasks the graph places operations on. Not only those a step runs
+    operations on: a session places every operation of its graph (with PipelineOptions.whole_template, the
+    template's on every stage's first device), and one on a task outside its device filters is an error even if it
+    never runs."""
+    own = host_part.task_of(own_task)
+    used = {host_part.task_of(op.device) for op in graph.get_operations()
+            if tf.DeviceSpec.from_string(op.device).job is not None} - {own}
+    return (own,) + tuple(sorted(used))
 
 
 def _after_local_init(copies: VariableCopies, slot_pairs, name: str) -> tf.Operation:
