@@ -131,3 +131,15 @@ def test_python_functions_of_the_part_stay_registered_while_its_graph_lives():
     gc.collect()
     tokens = [op.get_attr("token") for op in graph.get_operations() if op.type == "EagerPyFunc"]
     assert tokens and all(script_ops._py_funcs.get(token.decode()) is not None for token in tokens)  # pylint: disable=protected-access
+
+
+def test_a_trainer_evaluating_per_host_keeps_every_layer_on_the_loss_task_alone():
+    """Held-out evaluation calls model_fn again on the loss's task (the last stage's), on every task's variables."""
+    from dapple_tf.cluster.servers import TFCluster  # pylint: disable=import-outside-toplevel
+    from dapple_tf.frontends.host_training import HostTraining  # pylint: disable=import-outside-toplevel
+
+    stages = [[f"{_task(0)}/device:CPU:0"], [f"{_task(1)}/device:CPU:0", f"{_task(0)}/device:CPU:1"]]
+    workers = ("127.0.0.1:1", "127.0.0.1:2")
+    whole = {(task, evaluates): HostTraining(TFCluster(workers, "worker", task), None, None).pipeline_options(
+        dapple_tf.PipelineOptions(), stages, evaluates).whole_template for task in (0, 1) for evaluates in (False, True)}
+    assert whole == {(0, False): False, (0, True): False, (1, False): False, (1, True): True}

@@ -63,10 +63,12 @@ class HostTraining:
                                f"{planned}: training per host needs one task for each of the plan's tasks (plan for "
                                "this cluster, or launch as many tasks as the plan has)")
 
-    def pipeline_options(self, options, evaluates: bool = False):
-        """`options` for this task's part; `evaluates`: the loss's task calls model_fn again on held-out data, on
+    def pipeline_options(self, options, stage_devices=(), evaluates: bool = False):
+        """`options` for this task's part of a plan whose stages run on `stage_devices` (a list per stage);
+        `evaluates`: the loss's task (its last stage's first device's) calls model_fn again on held-out data, on
         every task's variables, so its graph keeps them all (PipelineOptions.whole_template)."""
-        return dataclasses.replace(options, own_task=self.own_task, whole_template=evaluates or options.whole_template)
+        whole = options.whole_template or (evaluates and task_of(stage_devices[-1][0]) == task_of(self.own_task))
+        return dataclasses.replace(options, own_task=self.own_task, whole_template=whole)
 
     def prepare(self, handle, inputs) -> None:
         """After build_pipeline, before the graph is finalized: waits for the other tasks, agrees with them which

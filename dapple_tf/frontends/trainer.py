@@ -146,8 +146,9 @@ class Trainer:
                 handle = self.horovod.build(model_fn, features, labels, self._optimizer(),
                                             global_step=global_step, layers=self.layers, options=self.pipeline_options)
             else:
-                options = per_host.pipeline_options(self.pipeline_options, bool(self.eval_input_fn)) if per_host \
-                    else self.pipeline_options
+                options = per_host.pipeline_options(
+                    self.pipeline_options, [stage.devices for stage in as_plan(self.plan).stages],
+                    evaluates=bool(self.eval_input_fn)) if per_host else self.pipeline_options
                 handle = build_pipeline(model_fn, features, labels, self._optimizer(), self.plan, options,
                                         global_step=global_step, layers=self.layers)
             lead = per_host is None or handle.loss is not None  # per host: the loss's task logs and summarizes
