@@ -114,9 +114,9 @@ def _kept_operations(scratch: tf.Graph, copied: int, first_part_op: int, roots: 
 
 
 def _variables(graph: tf.Graph) -> List[tf.Variable]:
-    keys = graph.get_all_collection_keys()
+    """Every variable in the graph's collections, once."""
     found = {}
-    for key in keys:
+    for key in graph.get_all_collection_keys():
         for item in graph.get_collection(key):
             if isinstance(item, tf.Variable):
                 found.setdefault(item.op.name, item)
@@ -190,13 +190,10 @@ def _restore_collections(scratch: tf.Graph, graph: tf.Graph, kept: Set[tf.Operat
 
 
 def _operation_name(item):
-    if isinstance(item, tf.Variable):
+    """The name of the operation of a variable, tensor or operation; None for anything else."""
+    if isinstance(item, (tf.Variable, tf.Tensor)):
         return item.op.name
-    if isinstance(item, tf.Tensor):
-        return item.op.name
-    if isinstance(item, tf.Operation):
-        return item.name
-    return None
+    return item.name if isinstance(item, tf.Operation) else None
 
 
 def _in(graph: tf.Graph, value, variables: Dict[str, tf.Variable]):
