@@ -6,8 +6,9 @@
 Prints, per case, whether the two runs are bit-identical, the largest weight difference and each graph's ops.
 A stage's devices are [task, CPU index] pairs (every task has 2 CPU devices). Optional keys: "schedule" ("dapple"), "stage_functions" (false), "steps" (3), "batch" (12), "model"
 ("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn; "embedding": embedding_model_fn; "tied_embedding": tied_embedding_model_fn; "script:<idiom>": tests.script_models.model_fn(idiom), the script's own step),
-"remapping" (true: grappler's remapper on), "clip" (clip_global_norm), "gradient_fn" (true: _normalized). Run in its own process by tests/test_per_host.py,
-so that the servers end with it; each per-host graph runs in a thread of this process with a session on its own
+"remapping" (true: grappler's remapper on), "clip" (clip_global_norm), "gradient_fn" (true: _normalized),
+"batch_norm" ("per_slice"), "recompute" (None), "arithmetic" (true: grappler's arithmetic optimizer on). Run in
+its own process by tests/test_per_host.py, so that the servers end with it; each per-host graph runs in a thread of this process with a session on its own
 task's server, as the task's own process would.
 """
 
@@ -19,6 +20,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import dapple_tf
+from dapple_tf.cluster.servers import server_config
 from scripts.bench import host_threads
 from tests import script_models, toy_models
 
@@ -62,7 +64,9 @@ def _build(case, own_task=None):
     options = dapple_tf.PipelineOptions(schedule=case.get("schedule", "dapple"),
                                         stage_functions=case.get("stage_functions", False), own_task=own_task,
                                         clip_global_norm=case.get("clip"),
-                                        gradient_fn=_normalized if case.get("gradient_fn") else None)
+                                        gradient_fn=_normalized if case.get("gradient_fn") else None,
+                                        batch_norm=case.get("batch_norm", "per_slice"),
+                                        recompute=case.get("recompute"))
     handle = dapple_tf.build_pipeline(model_fn, x, y, optimizer, plan, options)
     return handle
 
@@ -71,6 +75,8 @@ def _config(case):
     config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=TIMEOUT_S * 1000)
     if not case.get("remapping", True):
         config.graph_options.rewrite_options.remapping = rewriter_config_pb2.RewriterConfig.OFF
+    if not case.get("arithmetic", True):
+        config.graph_options.rewrite_options.arithmetic_optimization = rewriter_config_pb2.RewriterConfig.OFF
     return config
 
 
@@ -164,8 +170,7 @@ def main(text):
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     spec = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{p}" for p in ports]})
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
-    servers = [tf.distribute.Server(spec, "worker", task, config=config) for task in range(tasks)]
+    servers = [tf.distribute.Server(spec, "worker", task, config=server_config(2)) for task in range(tasks)]
     print(json.dumps([_compare(case, servers[0].target, [s.target for s in servers]) for case in cases]))
 
 

@@ -31,6 +31,18 @@ class CollectiveKeys:
     def __init__(self, graph: tf.Graph):
         self._next_instance = len(graph.get_operations()) + 1
 
+    @classmethod
+    def counted_alike(cls, description: str) -> "CollectiveKeys":
+        """Keys that every task's graph counts alike (per-host graphs: every task allocates them in the same order)
+        from a start derived from `description`, in [2**29, 2**30): apart from the counted keys of a graph (from its
+        operation count) and from named keys (`shared_instance_key`). A worker keeps what it resolved for a group's
+        instance key across sessions, so another build on the same servers that all-reduces other shapes must not
+        reuse its keys (the worker's collectives then fail for good): a description of what is all-reduced (devices,
+        shapes) gives it another start."""
+        keys = cls.__new__(cls)
+        keys._next_instance = 0x20000000 + (zlib.crc32(description.encode()) & 0x0FFFFFFF)
+        return keys
+
     @staticmethod
     def group_key(devices: Sequence[str]) -> int:
         return zlib.crc32(",".join(devices).encode()) & 0x7FFFFFFF or 1
@@ -56,8 +68,8 @@ def communication_hint(devices: Sequence[str]) -> str:
 
 def uses_exchange(devices: Sequence[str], per_host: bool = False) -> bool:
     """True for device sets that `all_reduce_sum` reduces by `exchange_sum`: CPUs of several processes, and in a
-    per-host graph every CPU group (a task's session resolves a collective group through the cluster's group
-    leader, task 0, which another session drives: the first step of a group within task 1 was cancelled)."""
+    per-host graph every CPU group (TF's collectives across per-host sessions were not reliable: the first step of a
+    group within task 1 was cancelled; docs/design.md, per-host graphs)."""
     tasks = set()
     for d in devices:
         spec = tf.DeviceSpec.from_string(d)

@@ -123,8 +123,10 @@ def check_supported(host, options) -> None:
 
 def check_synchronized_batch_norm(host, stage: int, devices, collectives: int) -> None:
     """Refuses, for a per-host graph, a replicated CPU stage with batch statistics to synchronize: their
-    all-reduce is a TF collective, which per-host sessions of CPU tasks cannot join (one task's session resolves
-    a collective group through task 0, whose session is another one)."""
+    all-reduce is a TF collective (a ring on CPUs), which per-host sessions did not run reliably: tried with
+    instance keys every task counts alike (2026-12-06), one run of two tasks trained bit for bit like the one
+    graph, but the same graphs run again by new sessions on the same servers waited until the operation timeout,
+    and so did a stage that recomputes its forward at M=2 (docs/design.md, per-host graphs)."""
     if host.per_host and collectives and len(devices) > 1 and \
             tf.DeviceSpec.from_string(devices[0]).device_type != "GPU":
         raise PerHostError(f"per-host graphs (PipelineOptions.own_task) do not yet support batch_norm='sync' for a "

@@ -183,6 +183,8 @@ class StageBuilder:
             for s, stage in enumerate(self.template.stages):
                 sizes = self._sizes[s]
                 sync_base = self._sync_base(s)
+                if self.layout.recompute[s]:  # allocated here, in the same order by every task's graph
+                    self._recompute_sync_bases[(s, m)] = self._sync_base(s)
                 for j, device in enumerate(stage.stage.devices):
                     start = microbatch.offsets(sizes)[j]
                     clone_id += 1  # counted on every task alike: a clone's random seeds do not depend on the host
@@ -254,6 +256,7 @@ class StageBuilder:
                 self.function_fallbacks[s] = f"it could not be built as functions: {e}"
 
     def _synchronize_batch_norms(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
+        described = []
         for s, stage in enumerate(self.template.stages):
             devices = stage.stage.devices
             if len(devices) > 1:
@@ -263,6 +266,14 @@ class StageBuilder:
                 host_part.check_synchronized_batch_norm(self.host, s, devices, synced.num_keys)
                 graph_defs[s] = synced.stage
                 self._keys_per_clone_group[s] = synced.num_keys
+                described.append((s, tuple(devices), [self._described_statistic(n) for n in synced.synchronized]))
+        if self.host.per_host:  # a replica group's members in other tasks' graphs must use the same instance keys
+            self._sync_keys = collectives.CollectiveKeys.counted_alike(repr(described))
+
+    def _described_statistic(self, name: str) -> tuple:
+        """What a synchronized statistic all-reduces, as far as its shapes go: its node's inputs in the template."""
+        op = self.graph.get_operation_by_name(name)
+        return name, tuple((t.dtype.name, str(t.shape)) for t in op.inputs)
 
     def _sync_base(self, s: int):
         """The first instance key of a new clone group of stage s (None when it synchronizes nothing)."""
@@ -437,8 +448,6 @@ class StageBuilder:
         stage, forward = self.template.stages[s], self.clones[(s, m, j)]
         wanted = _wanted(stage, extras=False)
         graph_def = graph_defs_lib.private_copy(self._graph_defs[s], f"_dapple_s{s}_m{m}_r{j}_rc", forward.salt)
-        if (s, m) not in self._recompute_sync_bases:  # one group of keys for the replicas of (s, m)
-            self._recompute_sync_bases[(s, m)] = self._sync_base(s)
         feed, outputs = recompute_lib.recomputed_clone(
             stage, graph_def, forward.inputs, wanted, name=f"dapple/stage{s}/mb{m}/r{j}/recompute",
             extra_feed=self._sync_feed(self._recompute_sync_bases[(s, m)]), contexts=self._graph_defs[s].contexts,

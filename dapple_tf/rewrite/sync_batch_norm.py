@@ -55,6 +55,7 @@ def _cross_replica_sum_gradient(op, grad):
 class SyncedStage:
     stage: graph_defs_lib.StageGraphDef  # the rewritten stage
     num_keys: int  # instance keys each clone group (the replicas of one micro-batch) uses from its base
+    synchronized: Tuple[str, ...] = ()  # the nodes whose statistics are all-reduced, in the order of their keys
 
 
 def _statistics_graph(node, group_size: int, group_key: int, hint: str, first_key: int) -> tf.compat.v1.GraphDef:
@@ -219,7 +220,7 @@ def rewrite(stage: graph_defs_lib.StageGraphDef, index: int, devices: Sequence[s
             replacement = _reduction_graph(node, rank, axes, len(devices), group_key, hint, KEYS_PER_NORM * k)
             _splice(out, node, replacement, ("x", "axes"), ["y"], [node.attr["T"].type])
     result = dataclasses.replace(stage, graph_def=out)
-    return SyncedStage(result, KEYS_PER_NORM * len(nodes))
+    return SyncedStage(result, KEYS_PER_NORM * len(nodes), tuple(n.name for n in nodes))
 
 
 def _check_reserve_spaces_unused(graph_def, norm_names, index: int) -> None:
