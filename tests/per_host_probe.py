@@ -5,7 +5,7 @@
 
 Prints, per case, whether the two runs are bit-identical, the largest weight difference and each graph's ops.
 A stage's devices are [task, CPU index] pairs (every task has 2 CPU devices). Optional keys: "schedule" ("dapple"), "stage_functions" (false), "steps" (3), "batch" (12), "model"
-("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn; "embedding": embedding_model_fn; "tied_embedding": tied_embedding_model_fn; "script:<idiom>": tests.script_models.model_fn(idiom), the script's own step),
+("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn; "fused_batch_norm": fused_batch_norm_model_fn; "embedding": embedding_model_fn; "tied_embedding": tied_embedding_model_fn; "script:<idiom>": tests.script_models.model_fn(idiom), the script's own step),
 "remapping" (true: grappler's remapper on), "clip" (clip_global_norm), "gradient_fn" (true: _normalized),
 "batch_norm" ("per_slice"), "recompute" (None), "arithmetic" (true: grappler's arithmetic optimizer on). Run in
 its own process by tests/test_per_host.py, so that the servers end with it; each per-host graph runs in a thread of this process with a session on its own
@@ -36,7 +36,8 @@ def _model_fn(case):
         return getattr(toy_models, f"{case['model']}_model_fn")
     values = toy_models.initial_values()
     return {"skip": toy_models.skip_model_fn, "tied": toy_models.tied_model_fn,
-            "batch_norm": toy_models.batch_norm_model_fn}[case.get("model", "skip")](values)
+            "batch_norm": toy_models.batch_norm_model_fn,
+            "fused_batch_norm": toy_models.fused_batch_norm_model_fn}[case.get("model", "skip")](values)
 
 
 def _normalized(pairs):

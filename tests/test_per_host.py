@@ -70,6 +70,20 @@ CASES = {
     # differently per host (the last bits of the weights after three steps; identical without it), so it is off here
     "batch-norm-replicated-over-tasks": {"stages": [[0, 2, [[0, 0], [1, 0]]], [3, 4, [[2, 0]]]], "micro_batches": 2,
                                          "batch": 24, "model": "batch_norm", "arithmetic": False},
+    # sync batch norm per host on CPUs: each statistic's sums over the replicas through queues, added in replica
+    # order (host_sync_batch_norm.py), where the one graph all-reduces by a collective; tf.nn.moments and fused norms
+    "sync-batch-norm-data-parallel": {"stages": [[0, 4, [[0, 0], [1, 0]]]], "micro_batches": 2, "model": "batch_norm",
+                                      "batch_norm": "sync"},
+    "sync-batch-norm-hybrid-3-replicas": {"stages": [[0, 2, [[0, 0], [0, 1], [1, 0]]], [3, 4, [[1, 1]]]],
+                                          "micro_batches": 2, "batch": 24, "model": "batch_norm", "batch_norm": "sync",
+                                          "arithmetic": False},
+    "sync-batch-norm-in-one-task": {"stages": [[0, 2, [[1, 0], [1, 1]]], [3, 4, [[0, 0]]]], "micro_batches": 2,
+                                    "model": "batch_norm", "batch_norm": "sync", "arithmetic": False},
+    "sync-fused-batch-norm-recompute": {"stages": [[0, 2, [[0, 0], [1, 0]]], [3, 4, [[1, 1]]]], "micro_batches": 2,
+                                        "batch": 24, "model": "fused_batch_norm", "batch_norm": "sync",
+                                        "recompute": True, "arithmetic": False},
+    "sync-fused-batch-norm-3-uneven": {"stages": [[0, 4, [[0, 0], [1, 0], [2, 1]]]], "micro_batches": 2, "batch": 14,
+                                       "model": "fused_batch_norm", "batch_norm": "sync", "arithmetic": False},
 }
 # with grappler's defaults, these cases' graphs get the same fusions both ways (see test_with_grapplers_defaults)
 SAME_FUSIONS = ["straight", "data-parallel", "data-parallel-4-two-rounds", "functions-zb-h1", "tied", "batch-norm-straight", "script-sparse-clip",
@@ -270,19 +284,19 @@ def test_synchronized_statistics_of_gpus_over_tasks_are_all_reduced_with_the_sam
     assert all(2**29 <= k < 2**30 for k in keys[0]), keys
 
 
-def test_sync_batch_norm_is_refused_only_where_a_replicated_cpu_stage_has_statistics():
-    plan = _plan((0, 2, [(0, 0), (1, 0)]), (3, 4, [(1, 1)]))
-    with tf.Graph().as_default():  # no batch norm: nothing to synchronize
-        _build(plan, _task(0), batch_norm="sync")
-    with tf.Graph().as_default(), pytest.raises(PerHostError) as raised:
-        x, y = toy_models.batch(8)
-        dapple_tf.build_pipeline(toy_models.batch_norm_model_fn(toy_models.initial_values()), tf.constant(x),
-                                 tf.constant(y), tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
-                                 dapple_tf.PipelineOptions(own_task=_task(0), batch_norm="sync"))
-    assert str(raised.value) == (
-        "per-host graphs (PipelineOptions.own_task) do not yet support batch_norm='sync' for a replicated stage on "
-        "CPUs (stage 0 has batch statistics to all-reduce): build one graph for the cluster (own_task=None), or use "
-        "batch_norm='per_slice'")
+def test_sync_batch_norm_of_cpu_replicas_per_host_sums_through_queues_not_collectives():
+    """Each statistic of each clone: its replica sends its local sum to the other replica and reads the other's, and
+    the same for the sum's gradient; TF's collectives ran unreliably across per-host sessions (docs/design.md)."""
+    plan = _plan((0, 2, [(0, 0), (1, 0)]), (3, 4, [(1, 1)]), micro_batches=1)
+    with tf.Graph().as_default() as graph:
+        _build_batch_norm(plan, _task(0), batch_norm="sync")
+    ops = graph.get_operations()
+    assert not [op for op in ops if op.type == "CollectiveReduceV2"]
+    queues = sorted(op.get_attr("shared_name").decode() for op in ops
+                    if op.type == "FIFOQueueV2" and "dapple/sync/" in op.get_attr("shared_name").decode())
+    # tf.nn.moments' two means (sums 0 and 4), each forward and back, sent to replica 1 and received from it
+    assert queues == sorted(f"dapple/sync/0/0/forward/{k}{part}/{pair}" for k in (0, 4) for part in ("", "/gradient")
+                            for pair in ("0-1", "1-0")), queues
 
 
 def _constant(tensor) -> int:

@@ -73,31 +73,63 @@ def tied_model_fn(values):
     return model_fn
 
 
+def _resource_variables(values):
+    """get_variable(name, initializer=None, trainable=True) of resource variables, initialized from `values`."""
+
+    def var(name, initializer=None, trainable=True):
+        initializer = tf.constant(values[name]) if initializer is None else initializer
+        return tf.compat.v1.get_variable(name, initializer=initializer, trainable=trainable, use_resource=True)
+
+    return var
+
+
+def _moving_averages(var, mean, variance):
+    """A batch norm's moving mean and variance, updated in UPDATE_OPS."""
+    for name, value, start in (("moving_mean", mean, tf.zeros([HIDDEN])),
+                               ("moving_variance", variance, tf.ones([HIDDEN]))):
+        moving = var(name, start, trainable=False)
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, moving.assign_sub((moving - value) * 0.1))
+
+
 def batch_norm_model_fn(values):
     """skip_model_fn's layers with a batch norm in dense1 (moving averages in UPDATE_OPS), the model's summaries
     (a scalar mean, a histogram of activations) and extra outputs (logits, accuracy): what is combined over the
     clones once per step."""
 
-    def var(name, initializer=None, trainable=True):
-        initializer = tf.constant(values[name]) if initializer is None else initializer
-        return tf.compat.v1.get_variable(name, initializer=initializer, trainable=trainable, use_resource=True)
+    var = _resource_variables(values)
 
     def model_fn(features, labels):
         with dapple_tf.layer("dense0"):
             h0 = tf.tanh(tf.matmul(features, var("w0")) + var("b0"))
         with dapple_tf.layer("dense1"):
             mean, variance = tf.nn.moments(h0, [0])
-            for name, value, start in (("moving_mean", mean, tf.zeros([HIDDEN])),
-                                       ("moving_variance", variance, tf.ones([HIDDEN]))):
-                moving = var(name, start, trainable=False)
-                tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS,
-                                               moving.assign_sub((moving - value) * 0.1))
+            _moving_averages(var, mean, variance)
             h1 = tf.tanh(tf.matmul((h0 - mean) * tf.math.rsqrt(variance + 1e-3), var("w1")) + var("b1"))
             tf.compat.v1.summary.histogram("h1", h1)
         h2, logits, loss, accuracy = _dense2_to_head(h0, h1, labels, var, accuracy=True)
         tf.compat.v1.summary.scalar("loss", loss)
         tf.compat.v1.summary.scalar("h2_mean", tf.reduce_mean(h2))
         return loss, {"logits": logits, "accuracy": accuracy}
+
+    return model_fn
+
+
+def fused_batch_norm_model_fn(values):
+    """batch_norm_model_fn's layers with a fused batch norm (FusedBatchNormV3, trainable scale and offset) in
+    dense1 and its moving averages in UPDATE_OPS."""
+
+    var = _resource_variables(values)
+
+    def model_fn(features, labels):
+        with dapple_tf.layer("dense0"):
+            h0 = tf.tanh(tf.matmul(features, var("w0")) + var("b0"))
+        with dapple_tf.layer("dense1"):
+            normalized, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+                tf.reshape(h0, [-1, 1, 1, HIDDEN]), var("scale", tf.ones([HIDDEN]) * 1.5),
+                var("offset", tf.fill([HIDDEN], 0.1)), epsilon=1e-3, is_training=True)
+            _moving_averages(var, mean, variance)
+            h1 = tf.tanh(tf.matmul(tf.reshape(normalized, [-1, HIDDEN]), var("w1")) + var("b1"))
+        return _dense2_to_head(h0, h1, labels, var)[2]
 
     return model_fn
 

@@ -18,8 +18,9 @@
    step on every copy, UPDATE_OPS once per step, the model's summaries built again on the pipeline.
 Per-host graphs (PipelineOptions.own_task): the same passes over one task's devices, with what crosses to other
 tasks' graphs in shared queues (host_part.py, host_boundaries.py, boundary_exchange.py); sums over the tasks in one
-order (task_sums.py); a script's own gradient transform replayed on the loss's task (host_transform.py); built in a
-scratch copy of the task's graph, of which the task's graph receives only what its part reads (host_graph.py).
+order (task_sums.py); a script's own gradient transform replayed on the loss's task (host_transform.py); sync batch
+norm's sums over CPU replicas through queues (host_sync_batch_norm.py); built in a scratch copy of the task's graph,
+of which the task's graph receives only what its part reads (host_graph.py).
 Analyses the passes consult: normalization.py and sync_batch_norm.py (batch statistics), random_ops.py,
 outputs.py (extra outputs), graph_walk.py.
 """

@@ -66,24 +66,14 @@ class HostPart:
 
     def send(self, key: str, tensor: tf.Tensor, to_device: str) -> tf.Operation:
         """Enqueues `tensor` into queue `key` on another task's device; the op is kept for `sends`."""
-        with tf.control_dependencies(None):
-            queue = self._queue(key, tensor.dtype, to_device)
-        with tf.device(to_device):
-            enqueue = queue.enqueue([tensor], name="send")
+        enqueue = send(key, tensor, to_device)
         self._sends.append(enqueue)
         return enqueue
 
     def receive(self, key: str, dtype: tf.DType, shape: Optional[tf.TensorShape], at_device: str) -> tf.Tensor:
         """Dequeues this step's tensor of queue `key` on this task's device `at_device`, of a known `shape`. Every
         step takes it (`takes`), read by an operation of the step or not: its sender sends in every step."""
-        with tf.control_dependencies(None):
-            queue = self._queue(key, dtype, at_device)
-        with tf.device(at_device):
-            received = queue.dequeue(name="receive")
-            if shape is not None and shape.rank is not None:
-                # as an op, so that grappler knows the shape too: it optimizes (fuses, folds) by shapes, and a
-                # dequeue's are unknown to it, which changed the last bits of some results against one graph
-                received = tf.ensure_shape(received, shape)
+        received = receive(key, dtype, shape, at_device)
         self._takes.append(received.op)
         return received
 
@@ -98,10 +88,32 @@ class HostPart:
         unread blocks its sender two steps later."""
         return list(self._takes)
 
-    @staticmethod
-    def _queue(key: str, dtype: tf.DType, device: str) -> tf.queue.FIFOQueue:
-        with tf.device(device), tf.name_scope("dapple/host_queue"):
-            return tf.queue.FIFOQueue(QUEUE_CAPACITY, [dtype.base_dtype], shared_name=key, name="queue")
+
+
+def send(key: str, tensor: tf.Tensor, to_device: str) -> tf.Operation:
+    """The enqueue of `tensor` into queue `key` on `to_device` (HostPart.send, which also keeps it for the step)."""
+    with tf.control_dependencies(None):
+        queue = _queue(key, tensor.dtype, to_device)
+    with tf.device(to_device):
+        return queue.enqueue([tensor], name="send")
+
+
+def receive(key: str, dtype: tf.DType, shape: Optional[tf.TensorShape], at_device: str) -> tf.Tensor:
+    """The dequeue of queue `key` on `at_device`, of a known `shape` (HostPart.receive, which also keeps it)."""
+    with tf.control_dependencies(None):
+        queue = _queue(key, dtype, at_device)
+    with tf.device(at_device):
+        received = queue.dequeue(name="receive")
+        if shape is not None and shape.rank is not None:
+            # as an op, so that grappler knows the shape too: it optimizes (fuses, folds) by shapes, and a
+            # dequeue's are unknown to it, which changed the last bits of some results against one graph
+            received = tf.ensure_shape(received, shape)
+    return received
+
+
+def _queue(key: str, dtype: tf.DType, device: str) -> tf.queue.FIFOQueue:
+    with tf.device(device), tf.name_scope("dapple/host_queue"):
+        return tf.queue.FIFOQueue(QUEUE_CAPACITY, [dtype.base_dtype], shared_name=key, name="queue")
 
 
 def host_part(own_task: Optional[str], plan_devices) -> "InGraph | HostPart":
@@ -119,19 +131,6 @@ def check_supported(host, options) -> None:
     if refused:
         raise PerHostError(f"per-host graphs (PipelineOptions.own_task) do not yet support {', '.join(refused)}: build "
                            "one graph for the cluster (own_task=None)")
-
-
-def check_synchronized_batch_norm(host, stage: int, devices, collectives: int) -> None:
-    """Refuses, for a per-host graph, a replicated CPU stage with batch statistics to synchronize: their
-    all-reduce is a TF collective (a ring on CPUs), which per-host sessions did not run reliably: tried with
-    instance keys every task counts alike (2026-12-06), one run of two tasks trained bit for bit like the one
-    graph, but the same graphs run again by new sessions on the same servers waited until the operation timeout,
-    and so did a stage that recomputes its forward at M=2 (docs/design.md, per-host graphs)."""
-    if host.per_host and collectives and len(devices) > 1 and \
-            tf.DeviceSpec.from_string(devices[0]).device_type != "GPU":
-        raise PerHostError(f"per-host graphs (PipelineOptions.own_task) do not yet support batch_norm='sync' for a "
-                           f"replicated stage on CPUs (stage {stage} has batch statistics to all-reduce): build one "
-                           "graph for the cluster (own_task=None), or use batch_norm='per_slice'")
 
 
 def step_op(train_op: tf.Operation, host, loss) -> tf.Operation:

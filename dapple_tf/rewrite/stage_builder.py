@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from dapple_tf.rewrite import (boundary_exchange, collectives, gradient_kinds, graph_defs as graph_defs_lib,
-                               host_boundaries, host_part, microbatch, outputs as outputs_lib,
+                               host_boundaries, host_part, host_sync_batch_norm, microbatch, outputs as outputs_lib,
                                recompute as recompute_lib, stage_function, sync_batch_norm, task_sums, tasks,
                                v1_control_flow)
 from dapple_tf.errors import DappleError, PerHostError, PlanError
@@ -137,6 +137,7 @@ class StageBuilder:
         self._sync_statistics = sync_statistics
         self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
         self._keys_per_clone_group = [0] * len(template.stages)  # instance keys of a stage's synced batch norms
+        self._queued_statistics = set()  # stages whose synchronized statistics are summed through queues (per host)
         self._gradient_split: Dict[Tuple[int, int, int], tuple] = {}  # backward task -> (input, weight grads, device)
         self._stage_functions = stage_functions
         self._traced_functions = traced_functions
@@ -205,8 +206,10 @@ class StageBuilder:
                         else:
                             graph_def = graph_defs_lib.private_copy(graph_defs[s], f"_dapple_s{s}_m{m}_r{j}", clone_id)
                             input_map = dict(feed, **self._sync_feed(sync_base))
+                            first_op = len(self.graph.get_operations())
                             results = v1_control_flow.import_clone(graph_def, graph_defs[s].contexts, input_map,
                                                                    wanted, f"dapple/stage{s}/mb{m}/r{j}")
+                            self._sum_queued_statistics(s, j, f"{s}/{m}/forward", first_op)
                             by_name = dict(zip(wanted, results))
                     clone = _Clone(inputs=feed, outputs={t.name: by_name[t.name] for t in stage.outputs}, salt=clone_id,
                                    env=env)
@@ -261,9 +264,12 @@ class StageBuilder:
             devices = stage.stage.devices
             if len(devices) > 1:
                 statistics = self._sync_statistics[s] if self._sync_statistics is not None else None
-                synced = sync_batch_norm.rewrite(graph_defs[s], s, devices, self._sync_keys.group_key(devices),
-                                                 collectives.communication_hint(devices), statistics)
-                host_part.check_synchronized_batch_norm(self.host, s, devices, synced.num_keys)
+                hint = collectives.communication_hint(devices)
+                if self.host.per_host and hint != "nccl":
+                    hint = host_sync_batch_norm.QUEUES
+                    self._queued_statistics.add(s)
+                synced = sync_batch_norm.rewrite(graph_defs[s], s, devices, self._sync_keys.group_key(devices), hint,
+                                                 statistics)
                 graph_defs[s] = synced.stage
                 self._keys_per_clone_group[s] = synced.num_keys
                 described.append((s, tuple(devices), [self._described_statistic(n) for n in synced.synchronized]))
@@ -276,9 +282,17 @@ class StageBuilder:
         return name, tuple((t.dtype.name, str(t.shape)) for t in op.inputs)
 
     def _sync_base(self, s: int):
-        """The first instance key of a new clone group of stage s (None when it synchronizes nothing)."""
+        """The first instance key of a new clone group of stage s (None when it synchronizes nothing, or through
+        queues)."""
         count = self._keys_per_clone_group[s]
-        return self._sync_keys.instance_keys(count) if count else None
+        return self._sync_keys.instance_keys(count) if count and s not in self._queued_statistics else None
+
+    def _sum_queued_statistics(self, s: int, j: int, key: str, first_op: int) -> None:
+        """Sums the synchronized statistics of the clone of replica j imported since operation `first_op` through
+        queues (host_sync_batch_norm.py), where stage s does so."""
+        if s in self._queued_statistics:
+            host_sync_batch_norm.replace_markers(self.graph.get_operations()[first_op:], f"dapple/sync/{key}", j,
+                                                 self.template.stages[s].stage.devices)
 
     @staticmethod
     def _sync_feed(base) -> Dict[str, tf.Tensor]:
@@ -448,10 +462,12 @@ class StageBuilder:
         stage, forward = self.template.stages[s], self.clones[(s, m, j)]
         wanted = _wanted(stage, extras=False)
         graph_def = graph_defs_lib.private_copy(self._graph_defs[s], f"_dapple_s{s}_m{m}_r{j}_rc", forward.salt)
+        first_op = len(self.graph.get_operations())
         feed, outputs = recompute_lib.recomputed_clone(
             stage, graph_def, forward.inputs, wanted, name=f"dapple/stage{s}/mb{m}/r{j}/recompute",
             extra_feed=self._sync_feed(self._recompute_sync_bases[(s, m)]), contexts=self._graph_defs[s].contexts,
         )
+        self._sum_queued_statistics(s, j, f"{s}/{m}/recomputed", first_op)
         loss = outputs.pop(stage.loss.name) if stage.loss is not None else None
         return _Clone(inputs=feed, outputs=outputs, loss=loss, salt=forward.salt)
 

@@ -20,7 +20,8 @@ set on the nodes' `_gradient_op_type`) is the all-reduce sum of the upstream gra
 replica's backward pass also sums across replicas: gradients are exact, as for one device with the
 whole micro-batch. Instance keys come from one int32 input mapped per clone (`INSTANCE_BASE`): clones of
 the same micro-batch (the stage's replicas) share it, others get their own; batch-norm node k uses
-base + 4k and base + 4k + 1 forward, and those plus GRADIENT_KEY_SHIFT backward.
+base + 4k and base + 4k + 1 forward, and those plus GRADIENT_KEY_SHIFT backward. In per-host graphs of CPU
+tasks each all-reduce is a marker instead (hint host_sync_batch_norm.QUEUES), summed through queues per clone.
 """
 
 import dataclasses
@@ -29,7 +30,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
-from dapple_tf.rewrite import graph_defs as graph_defs_lib
+from dapple_tf.rewrite import graph_defs as graph_defs_lib, host_sync_batch_norm
 from dapple_tf.errors import DappleError
 from dapple_tf.rewrite.normalization import TRAINING_NORMS, is_training_fused_norm as is_training_norm  # noqa: F401
 
@@ -80,7 +81,7 @@ def _statistics_graph(node, group_size: int, group_key: int, hint: str, first_ke
         broadcast[channel] = -1
 
         def replicas_sum(value, key):
-            return _replicas_sum(graph, value, group_size, group_key, base + key, hint)
+            return _replicas_sum(graph, value, group_size, group_key, base, key, hint)
 
         xu = tf.cast(x, u)
         count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), u)
@@ -119,16 +120,20 @@ def _reduction_graph(node, rank: int, axes: Tuple[int, ...], group_size: int, gr
         local = tf.reduce_sum(tf.cast(x, u), list(axes), keepdims=True)
         count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), list(axes))), u)
         flat = tf.concat([tf.reshape(local, [-1]), tf.reshape(count, [1])], 0)
-        summed = _replicas_sum(graph, flat, group_size, group_key, base + first_key, hint)
+        summed = _replicas_sum(graph, flat, group_size, group_key, base, first_key, hint)
         mean = summed[:-1] / summed[-1]
         tf.identity(tf.cast(tf.reshape(mean, tf.shape(local)), t), name="y")
     return graph.as_graph_def()
 
 
-def _replicas_sum(graph: tf.Graph, value, group_size: int, group_key: int, key, hint: str):
+def _replicas_sum(graph: tf.Graph, value, group_size: int, group_key: int, base, offset: int, hint: str):
+    """The sum of `value` over the replicas: a collective with instance key base + offset, or with hint QUEUES an
+    identity marked with `offset` that host_sync_batch_norm replaces in each imported clone."""
+    if hint == host_sync_batch_norm.QUEUES:
+        return host_sync_batch_norm.marker(value, offset)
     with graph.gradient_override_map({"CollectiveReduceV2": _GRADIENT}):
-        return collective_ops.all_reduce_v2(value, group_size, group_key, key, merge_op="Add", final_op="Id",
-                                            communication_hint=hint)
+        return collective_ops.all_reduce_v2(value, group_size, group_key, base + offset, merge_op="Add",
+                                            final_op="Id", communication_hint=hint)
 
 
 def _splice(out: tf.compat.v1.GraphDef, node, replacement: tf.compat.v1.GraphDef, fed_names: Sequence[str],
