@@ -566,7 +566,7 @@ class StageBuilder:
     def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> List[tf.Tensor]:
         """Cuts the gradient of consumer replica j's input into pieces for the producer replicas; returns them (what
         the task sends: part of its B, which zero-bubble schedules run before its W). A piece for a replica on
-        another task is sent there (host_part.py); what is returned for it then waits for the sending."""
+        another task is sent there (host_part.py), once it is made: no task waits for the sending (tasks.chain)."""
         p = ext.producer_stage
         if not ext.batch_major:
             self._broadcast_outputs.add((p, ext.tensor.name))
@@ -580,8 +580,7 @@ class StageBuilder:
             producer_device = self.template.stages[p].stage.devices[i]
             if not self.host.is_local(producer_device):
                 key = host_boundaries.gradient_key(ext.tensor.name, (p, i), (s, j), m)
-                with tf.control_dependencies([self.host.send(key, piece, producer_device)]):
-                    piece = tf.identity(piece)
+                self.host.send(key, piece, producer_device)
             else:
                 first_row = start + row - producer_offsets[i] if ext.batch_major else 0
                 self._grad_pieces.setdefault((p, m, i, ext.tensor.name), {}).setdefault(s, []).append(
@@ -643,9 +642,10 @@ class StageBuilder:
                 self.task_ops.input_gradients_first((Task(s, BACKWARD, m), j), input_grads, weight_grads, device)
             if schedule.kind == BATCHED_W:  # W: the weight gradients stacked over all micro-batches
                 weight_batching.batch_weight_gradients(self.task_ops, self.accumulator)
+        elsewhere = frozenset(op for ops in self.task_ops.ops.values() for op in ops if not self.host.is_local(op.device))
         for lane, lane_tasks in enumerate(schedule.lane_tasks):  # a device group runs the tasks of all its stages
             for j, device in enumerate(self.template.stages[lane].stage.devices):
-                tasks.chain(self.task_ops, lane_tasks, j, device)
+                tasks.chain(self.task_ops, lane_tasks, j, device, elsewhere)
 
     def function_call_ops(self) -> Tuple[tf.Operation, ...]:
         """The call operations of the stages built as functions."""

@@ -15,7 +15,7 @@ backward (weight gradients, their accumulation) moves to the W task, so no opera
 
 import contextlib
 import dataclasses
-from typing import Dict, List, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -99,12 +99,15 @@ def _entry_ops(ops: Sequence[tf.Operation]) -> List[tf.Operation]:
     return [op for op in ops if not any(t.op in own for t in op.inputs) and v1_control_flow.may_wait_outside(op)]
 
 
-def chain(task_ops: TaskOps, device_tasks: Sequence[Task], replica: int, device: str) -> None:
+def chain(task_ops: TaskOps, device_tasks: Sequence[Task], replica: int, device: str,
+          elsewhere: AbstractSet[tf.Operation] = frozenset()) -> None:
     """Adds control edges so that `device` runs `device_tasks` (of `replica`: its stage's, or where stages share
-    devices its group's) one after another."""
+    devices its group's) one after another. Operations `elsewhere` (a per-host graph's queues and enqueues on other
+    tasks' devices) are left out: an enqueue runs once its tensor is made, as an in-graph transfer does, and the
+    next task does not wait for it (which would cost a round trip to the other task per task)."""
     previous_done = None
     for task in device_tasks:
-        ops = task_ops.ops.get((task, replica), [])
+        ops = [op for op in task_ops.ops.get((task, replica), []) if op not in elsewhere]
         if not ops:
             continue
         if previous_done is not None:
