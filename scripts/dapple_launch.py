@@ -1,13 +1,14 @@
-"""dapple_launch: run dapple_train (or any chief command) on a TensorFlow cluster.
+"""dapple_launch: run dapple_train (or another training command) on a TensorFlow cluster.
 
-Three ways:
+Ways:
   dapple_launch --cluster=local:3x2 -- dapple_train --model=mlp --global_batch_size=24 --steps=6 --model_dir=m
       starts 3 worker servers on loopback (separate processes, 2 virtual CPU devices each, in a private
-      network namespace), runs the command as the chief against them with TF_CONFIG set, prefixes every
-      line with its task, and stops every process when the chief ends, a worker dies, or on Ctrl-C.
-  dapple_launch --cluster=local:2x1 --per_host -- dapple_train --plan=plan.json ...
-      runs the command in every worker task instead, with no chief: each task starts its own server and
-      builds only its own part of the training graph (per-host graphs).
+      network namespace) and runs the command in every worker task with TF_CONFIG set: each task starts
+      its own server and builds only its own part of the training graph (per-host graphs; without --plan,
+      task 0 plans for all); prefixes every line with its task, and stops every process when a task ends
+      with an error, dies, or on Ctrl-C.
+  dapple_launch --cluster=local:3x2 --noper_host -- dapple_train ...
+      runs the command once, as the chief, against the workers instead: one graph for the whole cluster.
   dapple_launch --tf_config [-- COMMAND]
       runs this host's role from TF_CONFIG: a worker serves until its chief ends, or, given COMMAND, runs it
       (per-host training); the chief runs COMMAND
@@ -18,8 +19,9 @@ Three ways:
       Slurm batch script that starts the same roles (--cluster: dapple_plan's cluster file or preset)
       and starts them all again when a task fails (--max_restarts; job_specs.py says how).
 
-Exit code: the chief's; non-zero when a task failed, with how to resume (run the same command again:
-dapple_train continues from the latest checkpoint in its --model_dir). TF's gRPC runtime has no
+Exit code: the chief's (per host: non-zero when a task failed), with how to resume when training did
+not finish (run the same command again: dapple_train continues from the latest checkpoint in its
+--model_dir). TF's gRPC runtime has no
 authentication: run real clusters on a private network.
 """
 
@@ -45,8 +47,9 @@ flags.DEFINE_integer("max_restarts", 3, "With --emit: how often a failed job is 
                      "plain Kubernetes pods restart until the chief succeeds.")
 flags.DEFINE_string("output", None, "With --emit: where to write the spec (default: stdout).")
 flags.DEFINE_boolean("isolate_network", True, "Local clusters run in a private network namespace (loopback only).")
-flags.DEFINE_boolean("per_host", False, "Local cluster or --emit: run the command in every worker task (each builds "
-                     "only its own part of the training graph: per-host graphs) instead of in one chief.")
+flags.DEFINE_boolean("per_host", True, "Local cluster or --emit: run the command in every worker task (each builds "
+                     "only its own part of the training graph: per-host graphs); --noper_host: in one chief instead, "
+                     "which builds the whole cluster's graph (a command that is only a chief's needs it).")
 flags.DEFINE_float("grace", 10, "After a worker dies, how long the chief gets to stop by itself (s): its watchdog "
                    "ends it within seconds of a task's process ending.")
 flags.DEFINE_float("failure_timeout", 30, "With --tf_config on a worker: exit when the chief sent nothing for this "

@@ -2,8 +2,10 @@
 
 Without TF_CONFIG it runs in this process on --num_devices virtual CPU devices; under dapple_launch
 (TF_CONFIG names the worker tasks and this task is the chief) it builds the pipelined graph here and
-runs it on the workers. With no --plan it profiles the model (or reads --profile) and plans it with
-the DAPPLE planner for the devices it runs on (or for --cluster).
+runs it on the workers; where TF_CONFIG names this task a worker (dapple_launch --per_host), every task
+runs it and builds only its own part. With no --plan it profiles the model (or reads --profile) and plans
+it with the DAPPLE planner for the devices it runs on (or for --cluster); per host, worker task 0 plans
+and every other task trains its plan.
 
 Examples:
   dapple_train --model=mlp --global_batch_size=24 --steps=100 --model_dir=m
@@ -88,6 +90,8 @@ flags.DEFINE_string("trace", None, "Write the measured timeline of one step (--t
                     "file, and a PNG beside it (above the simulated timeline when the plan comes with a profile).")
 flags.DEFINE_integer("trace_step", 5, "With --trace: which step of this run to trace.")
 flags.DEFINE_float("worker_wait_timeout", 60, "On a cluster: how long to wait for the workers to come up (s).")
+flags.DEFINE_float("plan_wait_timeout", 900, "Per host without --plan: how long the other tasks wait for worker "
+                   "task 0 to profile and plan (s).")
 
 
 def main(argv):

@@ -28,7 +28,8 @@ def test_profile_path_names_a_missing_folder(tmp_path):
 def test_launch_command_runs_the_chief_under_dapple_launch():
     chief = harness.module_command("scripts.bench.cluster", "--as_chief")
     command = harness.launch_command("local:3x2", chief, "--grace=30")
-    assert command == [sys.executable, "-m", "scripts.dapple_launch", "--cluster=local:3x2", "--grace=30", "--",
+    assert command == [sys.executable, "-m", "scripts.dapple_launch", "--cluster=local:3x2", "--noper_host",
+                       "--grace=30", "--",
                        sys.executable, "-m", "scripts.bench.cluster", "--as_chief"]
 
 

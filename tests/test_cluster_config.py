@@ -155,11 +155,11 @@ def test_probe_tells_a_stopped_process_from_a_live_server():
 
 @pytest.mark.parametrize("args,message", [
     ([], "choose one: --cluster=local:TxD"),
-    (["--cluster=local:3x2"], "no command to run as the chief"),
+    (["--cluster=local:3x2"], "no command to run: put it after `--`"),
     (["--cluster=local:3", "--", "dapple_train"], "a local cluster is local:TASKSxDEVICES"),
     (["--cluster=local:2x1", "--", "no_such_program_xyz"], "'no_such_program_xyz' is not a program on PATH"),
     (["--emit=k8s", "--cluster=paper_a", "--", "dapple_train"], "--emit=k8s needs --image"),
-    (["--emit=slurm", "--cluster=paper_a"], "--emit needs the chief's command"),
+    (["--emit=slurm", "--cluster=paper_a"], "--emit needs the command after `--`"),
 ])
 def test_launch_usage_errors(args, message):
     result = run_program("dapple_launch", *args, timeout=120)
@@ -214,7 +214,7 @@ def test_kubeflow_tfjob_manifest():
 
 def test_emit_k8s_from_a_cluster_preset(tmp_path):
     out = tmp_path / "job.yaml"
-    result = run_program("dapple_launch", "--emit=k8s", "--cluster=paper_a", "--image=img", f"--output={out}",
+    result = run_program("dapple_launch", "--emit=k8s", "--noper_host", "--cluster=paper_a", "--image=img", f"--output={out}",
                          "--", "dapple_train", "--model=bert", timeout=120)
     assert result.returncode == 0, result.stderr
     assert "2 worker tasks and a chief" in result.stdout
@@ -285,7 +285,7 @@ def test_launcher_pins_workers_and_their_thread_pools_reach_the_servers():
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to pin 2 workers")
-    result = run_program("dapple_launch", "--cluster=local:2x1", "--isolate_network=false", "--cores_per_worker=1",
+    result = run_program("dapple_launch", "--cluster=local:2x1", "--noper_host", "--isolate_network=false", "--cores_per_worker=1",
                          "--", sys.executable, "-c", WAIT_FOR_WORKERS, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     reported = [line.split("cores ")[1].split("]")[0] + "]" for line in result.stdout.splitlines()
@@ -295,7 +295,7 @@ def test_launcher_pins_workers_and_their_thread_pools_reach_the_servers():
         cores = list(worker_cores(i, 1))
         assert f"cores {cores}, threads intra 1 inter 2" in result.stdout, result.stdout
     assert "[chief] workers up" in result.stdout
-    result = run_program("dapple_launch", "--cluster=local:2x1", "--isolate_network=false", "--cores_per_worker=0",
+    result = run_program("dapple_launch", "--cluster=local:2x1", "--noper_host", "--isolate_network=false", "--cores_per_worker=0",
                          "--inter_op_threads=3", "--", sys.executable, "-c", WAIT_FOR_WORKERS, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     everything = sorted(os.sched_getaffinity(0))

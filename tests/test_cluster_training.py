@@ -25,7 +25,7 @@ RESUME_STEPS = 40
 
 
 def test_three_process_cluster_2_1_3_matches_single_device_both_schedules():
-    result = run_program("dapple_launch", "--cluster=local:3x2", "--", sys.executable, "tests/cluster_chief.py",
+    result = run_program("dapple_launch", "--cluster=local:3x2", "--noper_host", "--", sys.executable, "tests/cluster_chief.py",
                          "dapple", "gpipe", timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for schedule in ("dapple", "gpipe"):
@@ -38,7 +38,7 @@ def test_three_process_cluster_2_1_3_matches_single_device_both_schedules():
 
 def test_issue_example_plans_for_the_launched_cluster(tmp_path):
     model_dir = tmp_path / "m"
-    result = run_program("dapple_launch", "--cluster=local:3x2", "--", "dapple_train", "--model=mlp",
+    result = run_program("dapple_launch", "--cluster=local:3x2", "--noper_host", "--", "dapple_train", "--model=mlp",
                          "--global_batch_size=24", "--steps=6", f"--model_dir={model_dir}", "--summary_every=3",
                          timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -108,7 +108,7 @@ def test_kill_restart_loop_ends_with_the_weights_of_an_uninterrupted_run(tmp_pat
     killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
     rng, start = random.Random(22), 0
     for role in ("worker 1", "chief", "worker 0"):
-        launch = Launch("--cluster=local:3x2", *_train_args(plan, killed_dir, RESUME_STEPS, log_every=1))
+        launch = Launch("--cluster=local:3x2", "--noper_host", *_train_args(plan, killed_dir, RESUME_STEPS, log_every=1))
         elapsed, output, address = _kill_and_finish(launch, role, rng, start, RESUME_STEPS)
         assert elapsed < 30, output
         assert _resumed_step(output) == start, output
@@ -126,11 +126,11 @@ def test_kill_restart_loop_ends_with_the_weights_of_an_uninterrupted_run(tmp_pat
         start = int(tf.train.latest_checkpoint(str(killed_dir)).rsplit("-", 1)[1]) if tf.train.latest_checkpoint(
             str(killed_dir)) else 0
 
-    resumed = run_program("dapple_launch", "--cluster=local:3x2", *_train_args(plan, killed_dir, RESUME_STEPS),
+    resumed = run_program("dapple_launch", "--cluster=local:3x2", "--noper_host", *_train_args(plan, killed_dir, RESUME_STEPS),
                           timeout=400)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert 5 <= _resumed_step(resumed.stdout) == start < RESUME_STEPS
-    straight = run_program("dapple_launch", "--cluster=local:3x2", *_train_args(plan, straight_dir, RESUME_STEPS),
+    straight = run_program("dapple_launch", "--cluster=local:3x2", "--noper_host", *_train_args(plan, straight_dir, RESUME_STEPS),
                            timeout=400)
     assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
     expected, actual = _weights(straight_dir), _weights(killed_dir)
@@ -210,7 +210,7 @@ def test_tasks_started_by_hand_end_together_whichever_dies(tmp_path, victim):
 
 def test_stopped_master_is_a_bounded_error_naming_the_task(tmp_path):
     plan = _plan_file(tmp_path / "plan.json")
-    launch = Launch("--cluster=local:3x2", "--grace=60",
+    launch = Launch("--cluster=local:3x2", "--noper_host", "--grace=60",
                      *(_train_args(plan, tmp_path / "m", 100000)[:-1] + ["--failure_timeout=5"]))
     worker = launch.wait_for(lambda line: line.startswith("dapple_launch: worker task 0 at"), 120)
     address, pid = worker.split(" at ")[1].split()[0], int(worker.split("(pid ")[1].split(",")[0])
@@ -231,7 +231,7 @@ def test_stopped_master_is_a_bounded_error_naming_the_task(tmp_path):
 
 def test_ctrl_c_stops_every_process(tmp_path):
     plan = _plan_file(tmp_path / "plan.json")
-    launch = Launch("--cluster=local:3x2", *_train_args(plan, tmp_path / "m", 100000))
+    launch = Launch("--cluster=local:3x2", "--noper_host", *_train_args(plan, tmp_path / "m", 100000))
     launch.wait_for(lambda line: line.startswith("[chief] step 5/"), 300)
     launch.popen.send_signal(signal.SIGINT)
     code, output = launch.finish(timeout=60)

@@ -25,7 +25,7 @@ def _estimator(plan, model_dir, steps, *flags):
 
 
 def _one_graph(plan, model_dir, steps):
-    result = run_program("dapple_launch", "--cluster=local:2x1", "--", "dapple_train",
+    result = run_program("dapple_launch", "--cluster=local:2x1", "--noper_host", "--", "dapple_train",
                          "--model_fn=tests.user_model:batch_norm_model_fn", "--input_fn=tests.user_model:input_fn",
                          f"--plan={plan}", "--optimizer=adam", f"--steps={steps}", "--save_checkpoints_steps=3",
                          f"--model_dir={model_dir}", timeout=400)

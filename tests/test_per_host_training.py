@@ -15,7 +15,7 @@ import tensorflow as tf
 import yaml
 
 from dapple_tf.cluster import host_checkpoint, job_specs
-from planner.formats import plan_pb2, write_message
+from planner.formats import layer_cost_pb2, plan_pb2, write_message
 from planner.formats.cluster import local_task_cluster
 from tests.launch_harness import Launch, pid_of, running_pids
 from tests.programs import run_program
@@ -94,7 +94,7 @@ def test_per_host_checkpoints_are_the_one_graphs_and_resume_each_other(tmp_path)
     # backward ones, which shrank to nothing)
     assert sorted((e["pid"], e["name"]) for e in events) == [(p, k + m) for p in (0, 1) for k in "BF" for m in "01"]
     assert all(e["dur"] > 0 for e in events), events
-    _train("local:2x1", plan, one_graph, 6, model=("--model=mlp", "--eval_every=3"))
+    _train("local:2x1", plan, one_graph, 6, "--noper_host", model=("--model=mlp", "--eval_every=3"))
     _assert_same(_checkpoint(per_host / "model.ckpt-6"), _checkpoint(one_graph / "model.ckpt-6"))
     # held-out loss at steps 3 and 6: every task's variables at that step, read by the loss's task
     assert len(_summaries(per_host)["eval_loss"]) == 2
@@ -110,7 +110,7 @@ def test_per_host_checkpoints_are_the_one_graphs_and_resume_each_other(tmp_path)
         _point_at(path)
     out = _train("local:2x1", plan, swapped_per_host, 9, "--per_host")
     assert "[worker 1] resumed from the checkpoint at step 6" in out
-    _train("local:2x1", plan, swapped_one_graph, 9)
+    _train("local:2x1", plan, swapped_one_graph, 9, "--noper_host")
     _assert_same(_checkpoint(swapped_per_host / "model.ckpt-9"), _checkpoint(swapped_one_graph / "model.ckpt-9"))
 
 
@@ -123,7 +123,7 @@ def test_per_host_batch_norm_updates_and_summaries_are_the_one_graphs(tmp_path):
     model = ("--model_fn=tests.user_model:batch_norm_model_fn", "--input_fn=tests.user_model:input_fn")
     per_host, one_graph = tmp_path / "per_host", tmp_path / "one_graph"
     _train("local:2x1", plan, per_host, 6, "--per_host", model=model)
-    _train("local:2x1", plan, one_graph, 6, model=model)
+    _train("local:2x1", plan, one_graph, 6, "--noper_host", model=model)
     checkpoint = _checkpoint(per_host / "model.ckpt-6")
     assert not np.array_equal(checkpoint["moving_mean"], np.zeros(16))  # updated
     _assert_same(checkpoint, _checkpoint(one_graph / "model.ckpt-6"), optimizer_state="encode_w/Adam")
@@ -139,14 +139,14 @@ def test_per_host_hybrid_plan_trains_like_the_one_graph(tmp_path):
     plan = _plan_file(tmp_path / "plan.json", 2, 2, [(0, 1, [0, 2]), (2, 2, [1])])
     per_host, one_graph = tmp_path / "per_host", tmp_path / "one_graph"
     _train("local:2x2", plan, per_host, 6, "--per_host")
-    _train("local:2x2", plan, one_graph, 6)
+    _train("local:2x2", plan, one_graph, 6, "--noper_host")
     _assert_same(_checkpoint(per_host / "model.ckpt-6"), _checkpoint(one_graph / "model.ckpt-6"), exact=False)
     # resumed per host from the one graph's checkpoint: task 1's copies and their Adam slots are set from task 0's
     resumed = tmp_path / "resumed"
     shutil.copytree(one_graph, resumed)
     _point_at(resumed)
     _train("local:2x2", plan, resumed, 9, "--per_host")
-    _train("local:2x2", plan, one_graph, 9)
+    _train("local:2x2", plan, one_graph, 9, "--noper_host")
     _assert_same(_checkpoint(resumed / "model.ckpt-9"), _checkpoint(one_graph / "model.ckpt-9"), exact=False)
 
 
@@ -157,7 +157,19 @@ def test_replicas_within_one_task_train_like_the_one_graph(tmp_path):
     cancelled), in the one graph by a collective; two summands add alike either way."""
     plan = _plan_file(tmp_path / "plan.json", 2, 2, [(0, 1, [0, 1]), (2, 2, [2, 3])])
     _train("local:2x2", plan, tmp_path / "per_host", 3, "--per_host")
-    _train("local:2x2", plan, tmp_path / "one_graph", 3)
+    _train("local:2x2", plan, tmp_path / "one_graph", 3, "--noper_host")
+    _assert_same(_checkpoint(tmp_path / "per_host" / "model.ckpt-3"),
+                 _checkpoint(tmp_path / "one_graph" / "model.ckpt-3"), exact=False)
+
+
+@pytest.mark.slow
+def test_tasks_that_exchange_no_tensor_still_agree_on_checkpoints_and_wait_for_each_other(tmp_path):
+    """Data parallelism on 6 devices of 3 tasks: the exchange sums task 2's gradients on task 0, so tasks 1 and 2
+    exchange no tensor, yet all three agree who saves what and wait for each other at the end (before: a queue
+    made with two capacities, then an enqueue outside a session's device filters)."""
+    plan = _plan_file(tmp_path / "plan.json", 3, 2, [(0, 2, [0, 1, 2, 3, 4, 5])])
+    _train("local:3x2", plan, tmp_path / "per_host", 3, "--per_host")
+    _train("local:3x2", plan, tmp_path / "one_graph", 3, "--noper_host")
     _assert_same(_checkpoint(tmp_path / "per_host" / "model.ckpt-3"),
                  _checkpoint(tmp_path / "one_graph" / "model.ckpt-3"), exact=False)
 
@@ -218,13 +230,52 @@ def test_tf_config_disagreeing_with_the_plan_is_an_error_naming_both(tmp_path):
     assert "error: TF_CONFIG names 3 worker tasks, the plan runs on tasks [0, 1]" in result.stdout, result.stdout[-3000:]
 
 
-def test_per_host_training_needs_a_plan_file():
-    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker",
-                                                                                             "index": 1}})
-    result = run_program("dapple_train", "--model=mlp", "--global_batch_size=8", env={"TF_CONFIG": tf_config})
-    assert result.returncode == 1
-    assert ("error: training per host (TF_CONFIG names this process worker task 1) needs --plan: every task must "
-            "build its part of the same plan") in result.stderr
+def _profile_file(path):
+    """A profile of the tiny MLP whose head weighs more than its hidden layers (the planner's input, not measured)."""
+    profile = layer_cost_pb2.LayerCostProfile(model_name="mlp", batch_size=24)
+    for i, name in enumerate(("dense_0", "dense_1", "head")):
+        layer = profile.layers.add(name=name, index=i, forward_ms=10.0, backward_ms=20.0,
+                                   activation_bytes=24 * 64 * 4.0, parameter_bytes=4e7 if name == "head" else 1e4)
+        layer.inputs.extend(["dense_0", "dense_1"][i - 1:i] if i else [])
+    write_message(profile, str(path))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_per_host_without_a_plan_trains_the_plan_task_0_makes(tmp_path):
+    """No --plan: worker task 0 plans (here from a --profile, so that the chief plans the same), the other task
+    waits for that plan instead of planning; the checkpoints are the one graph's to the last bit."""
+    profile = _profile_file(tmp_path / "profile.pb")
+    per_host, one_graph = tmp_path / "per_host", tmp_path / "one_graph"
+    flags = ("--model=mlp", f"--profile={profile}", "--global_batch_size=24", "--steps=3", "--optimizer=adam")
+    result = run_program("dapple_launch", "--cluster=local:2x1", "--per_host", "--", "dapple_train", *flags,
+                         f"--model_dir={per_host}", timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "[worker 1] waiting for worker task 0's plan" in result.stdout
+    assert "[worker 0] waiting for worker task 0's plan" not in result.stdout
+    planned = [line for line in result.stdout.splitlines() if "training mlp:" in line]
+    assert len(planned) == 2 and "2 stages" in planned[0], planned  # the head alone: one stage per task
+    result = run_program("dapple_launch", "--cluster=local:2x1", "--noper_host", "--", "dapple_train", *flags,
+                         f"--model_dir={one_graph}", timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _assert_same(_checkpoint(per_host / "model.ckpt-3"), _checkpoint(one_graph / "model.ckpt-3"))
+
+
+def test_a_task_waiting_for_a_plan_that_never_comes_names_task_0():
+    from dapple_tf.cluster import host_signals  # pylint: disable=import-outside-toplevel
+    from dapple_tf.cluster.servers import ClusterError, TFCluster, free_ports  # pylint: disable=import-outside-toplevel
+
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    # task 1's server only: task 0 is gone (died after answering the first wait), and waiting does not hang on it
+    server = tf.distribute.Server(tf.train.ClusterSpec({"worker": workers}), "worker", 1)
+    cluster = TFCluster(workers=tuple(workers), task_type="worker", task_index=1)
+    began = time.monotonic()
+    with pytest.raises(ClusterError) as raised:
+        host_signals.broadcast_text(cluster, [0, 1], "", 0, 1.0, "plan")
+    assert time.monotonic() - began < 10
+    assert str(raised.value) == (f"after 1 s, worker task 0 ({workers[0]}) sent nothing: is every task of the "
+                                 "cluster running this program?")
+    del server
 
 
 def test_what_per_host_training_does_not_do_yet_is_refused_by_name():

@@ -2,7 +2,8 @@
 others outside the training step.
 
 - `exchange_texts`: every task gives every other one text, once, in a graph of its own (before the training graph
-  is finalized: what the texts say can still shape it); `gather_texts`: every task gives one task its text.
+  is finalized: what the texts say can still shape it); `gather_texts`: every task gives one task its text;
+  `broadcast_text`: one task gives every other its text (task 0's plan, when dapple_train plans per host).
 - `StepTokens`: some tasks tell others that they finished something for a step (wrote their part of a
   checkpoint; finished the step, before a held-out evaluation reads every task's variables).
 - `EveryStepsHook`, `SecondsAsStepsHook`: an action every so many global steps, the same steps on every task.
@@ -52,6 +53,16 @@ def gather_texts(cluster: TFCluster, tasks: Sequence[int], text: str, to_task: i
                   receive_from=[t for t in tasks if t != to_task])
 
 
+def broadcast_text(cluster: TFCluster, tasks: Sequence[int], text: str, from_task: int, timeout_s: float,
+                   name: str) -> str:
+    """Task `from_task` gives every other task of `tasks` its `text` (what the others pass is ignored); every task
+    returns that text. As exchange_texts otherwise."""
+    if cluster.task_index == from_task:
+        _texts(cluster, tasks, text, timeout_s, name, send_to=[t for t in tasks if t != from_task], receive_from=[])
+        return text
+    return _texts(cluster, tasks, "", timeout_s, name, send_to=[], receive_from=[from_task])[from_task]
+
+
 def _texts(cluster: TFCluster, tasks: Sequence[int], text: str, timeout_s: float, name: str,
            send_to: Sequence[int], receive_from: Sequence[int]) -> Dict[int, str]:
     own = cluster.task_index
@@ -59,7 +70,8 @@ def _texts(cluster: TFCluster, tasks: Sequence[int], text: str, timeout_s: float
     if not send_to and not receive_from:
         return texts
     config = session_config(timeout_s)
-    config.device_filters.extend(f"/job:worker/replica:0/task:{t}" for t in tasks)
+    # only the tasks this one sends to: a session waits for every task its filters name, one gone included
+    config.device_filters.extend(f"/job:worker/replica:0/task:{t}" for t in sorted({own, *send_to}))
     with tf.Graph().as_default():
         sends = [_queue(name, t, tf.string, len(tasks)).enqueue(json.dumps([own, text])) for t in send_to]
         received = _queue(name, own, tf.string, len(tasks)).dequeue()

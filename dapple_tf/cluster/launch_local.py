@@ -40,7 +40,7 @@ class LaunchError(ValueError):
 def command_line(command: Sequence[str]) -> List[str]:
     """Runs this repository's programs with this Python (`python -m scripts.NAME`), others as given."""
     if not command:
-        raise LaunchError("no command to run as the chief: put it after `--`, e.g. -- dapple_train --model=mlp ...")
+        raise LaunchError("no command to run: put it after `--`, e.g. -- dapple_train --model=mlp ...")
     name = os.path.basename(command[0])
     if name in PROGRAMS:
         return [sys.executable, "-m", f"scripts.{name}", *command[1:]]

@@ -142,7 +142,8 @@ class JobSpecSettings:
 
 def emit_spec(cluster_name: Optional[str], command: Sequence[str], spec: JobSpecSettings,
               output: Optional[str] = None) -> int:
-    """Writes the job spec that runs `command` as the chief of the cluster (a file or preset) to `output`
+    """Writes the job spec that runs `command` as the chief of the cluster (a file or preset; `spec.per_host`: in
+    every worker task) to `output`
     (stdout when empty)."""
     from planner.formats.cluster import load_cluster
     from dapple_tf.cluster import job_specs
@@ -150,7 +151,7 @@ def emit_spec(cluster_name: Optional[str], command: Sequence[str], spec: JobSpec
     if not cluster_name:
         raise ValueError("--emit needs --cluster (a cluster file or preset: its servers become worker tasks)")
     if not command:
-        raise ValueError("--emit needs the chief's command after `--`, e.g. -- dapple_train --model=bert ...")
+        raise ValueError("--emit needs the command after `--`, e.g. -- dapple_train --model=bert ...")
     cluster = load_cluster(cluster_name)
     cpu = cluster.device_kind.upper() == "CPU"
     gpus = 0 if cpu else cluster.devices_per_server

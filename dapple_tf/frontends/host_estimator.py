@@ -108,8 +108,8 @@ def train_spec(cluster: servers.TFCluster, user_model_fn, optimizer, plan, optio
     host.prepare(handle, (features, labels))
     if config.session_config is not None:
         # the Estimator's session is made from this same message after model_fn: it gets this task's device
-        # filters and grappler's settings (PipelineHandle.session_config)
-        config.session_config.CopyFrom(handle.session_config(config.session_config))
+        # filters and grappler's settings (HostTraining.session_config)
+        config.session_config.CopyFrom(host.session_config(config.session_config))
     loss = handle.loss if handle.loss is not None else tf.constant(0.0, name="dapple_loss_on_another_task")
     return EstimatorSpec(tf_estimator.estimator.ModeKeys.TRAIN, loss=loss, train_op=handle.train_op,
                          scaffold=host.scaffold(), training_chief_hooks=[_HostHooks(host, global_step)])

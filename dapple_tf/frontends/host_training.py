@@ -75,7 +75,10 @@ class HostTraining:
         task saves which variable, and builds the end's barrier; `inputs`: the batch every task must read alike
         (host_inputs.py)."""
         self.handle = handle
-        tasks = self._tasks = sorted(tf.DeviceSpec.from_string(t).task for t in handle.tasks)
+        # every task of the plan, not only those this task exchanges tensors with (handle.tasks): all of them agree
+        # on the checkpoint's owners, compare their inputs and wait for each other at the end
+        tasks = self._tasks = sorted({tf.DeviceSpec.from_string(d).task for stage in handle.stages
+                                      for d in stage.devices})
         host_session.wait_for_peers(self.cluster, handle.tasks[1:], self.options.worker_wait_s)
         if self.model_dir:
             held, written = host_checkpoint.held_variables(handle.train_op,
@@ -92,6 +95,18 @@ class HostTraining:
                 others = [t for t in tasks if t != evaluator]
                 self._arrived = host_signals.StepTokens("eval_ready", own, others, [evaluator])
                 self._released = host_signals.StepTokens("eval_done", own, [evaluator], others)
+
+    def session_config(self, config: tf.compat.v1.ConfigProto) -> tf.compat.v1.ConfigProto:
+        """handle.session_config(config) with every task of the plan in its device filters, this one first: the
+        step's peers (handle.tasks) and the tasks of the signals `prepare` built (the end's barrier reaches every
+        task, also one that this task exchanges no tensor with)."""
+        out = tf.compat.v1.ConfigProto()
+        out.CopyFrom(config)
+        if not out.device_filters:
+            own = self.cluster.task_index
+            out.device_filters.extend(f"/job:worker/replica:0/task:{t}" for t in [own] + [t for t in self._tasks
+                                                                                          if t != own])
+        return self.handle.session_config(out)
 
     def scaffold(self) -> tf.compat.v1.train.Scaffold:
         """Starts the session as host_session.start does, restoring this task's variables when there is a

@@ -171,7 +171,7 @@ class Trainer:
             try:
                 with self._watchdog(progress) as watchdog, tf.compat.v1.train.SingularMonitoredSession(
                     hooks=hooks, scaffold=scaffold, master=master,
-                    config=handle.session_config(self._session_config()), checkpoint_dir=checkpoint_dir,
+                    config=(per_host or handle).session_config(self._session_config()), checkpoint_dir=checkpoint_dir,
                 ) as sess:
                     checked = False
                     while not sess.should_stop():

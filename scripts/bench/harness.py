@@ -122,8 +122,10 @@ def module_command(module: str, *args: str) -> List[str]:
 
 
 def launch_command(cluster: str, chief: Sequence[str], *launcher_flags: str) -> List[str]:
-    """dapple_launch on a local cluster (`local:TxD`) running `chief` as its chief command."""
-    return module_command("scripts.dapple_launch", f"--cluster={cluster}", *launcher_flags, "--", *chief)
+    """dapple_launch on a local cluster (`local:TxD`) running `chief` as its chief command (`--per_host` among
+    `launcher_flags`, which come later: in every worker task instead)."""
+    return module_command("scripts.dapple_launch", f"--cluster={cluster}", "--noper_host", *launcher_flags, "--",
+                          *chief)
 
 
 def stream_command(command: Sequence[str], show: Callable[[str], Optional[str]]) -> Tuple[int, List[str]]:

@@ -44,6 +44,7 @@ class TrainSettings:
     trace: Optional[str] = None
     trace_step: int = 5
     worker_wait_timeout: float = 60
+    plan_wait_timeout: float = 900
     clip_global_norm: Optional[float] = None
 
 
@@ -116,12 +117,11 @@ def planner_cluster(s: TrainSettings, devices):
     return clusters.local_task_cluster(len(tasks), cpus)
 
 
-def _plan_and_simulation(s: TrainSettings, model_fn, input_fn, name, devices, batch_size, layers):
-    """(dapple_tf.Plan as planned, the simulated run for --trace or None), from --plan or planned here."""
+def _plan_and_simulation(s: TrainSettings, model_fn, input_fn, name, devices, batch_size, layers, cluster=None):
+    """(dapple_tf.Plan as planned, the simulated run for --trace or None), from --plan or planned here (per host:
+    by task 0, for every task)."""
     import dapple_tf
     import profiler
-    from planner.planning import api as planner_api
-    from planner.planning.report import summarize
     from planner.formats import plan_pb2, read_message
     from planner.simulation.sim_adapter import simulate_plan
 
@@ -131,28 +131,69 @@ def _plan_and_simulation(s: TrainSettings, model_fn, input_fn, name, devices, ba
         if s.trace and s.profile:
             simulated = simulate_plan(read_message(s.plan, plan_pb2.Plan), profiler.read_profile(s.profile))
         return plan, simulated
-    cluster = planner_cluster(s, devices)
+    target = planner_cluster(s, devices)
+
+    def plan_here():
+        return _planned(s, model_fn, input_fn, name, target, batch_size, layers)
+
+    per_host = cluster is not None and cluster.task_type == "worker"
+    proto, profile = _shared_plan(s, cluster, plan_here) if per_host else plan_here()
+    simulated = simulate_plan(proto, profile) if s.trace else None
+    return dapple_tf.Plan.from_proto(proto, source=f"the plan for {target.name}"), simulated
+
+
+def _planned(s: TrainSettings, model_fn, input_fn, name, target, batch_size, layers):
+    """(plan proto, profile): the model profiled here (or --profile) and planned for the planner's cluster
+    `target`."""
+    import profiler
+    from planner.planning import api as planner_api
+    from planner.planning.report import summarize
+
     if s.profile:
         profile = profiler.read_profile(s.profile)
     else:
-        profile = profile_here(model_fn, input_fn, max(1, batch_size // len(cluster.device_names)), name, layers)
+        profile = profile_here(model_fn, input_fn, max(1, batch_size // len(target.device_names)), name, layers)
     # --schedule: the planner weighs that schedule only (interleaved: the plan's variant with two stages per device)
     schedules = {"schedules": (s.schedule,)} if s.schedule else {}
-    proto = planner_api.plan(profile, cluster, batch_size, planner="dapple", **schedules)
+    proto = planner_api.plan(profile, target, batch_size, planner="dapple", **schedules)
     print(summarize(proto), flush=True)
-    simulated = simulate_plan(proto, profile) if s.trace else None
-    return dapple_tf.Plan.from_proto(proto, source=f"the plan for {cluster.name}"), simulated
+    return proto, profile
 
 
-def make_plan(s: TrainSettings, model_fn, input_fn, name, devices, batch_size, layers=None):
+def _shared_plan(s: TrainSettings, cluster, plan_here):
+    """Per host without --plan: worker task 0 profiles and plans (`plan_here`), every other task receives its plan
+    and profile (host_signals.broadcast_text), so that every task builds its part of the same plan."""
+    import base64
+    import json
+
+    from dapple_tf.cluster import host_signals
+    from planner.formats import layer_cost_pb2, plan_pb2
+
+    text = ""
+    if cluster.task_index == 0:
+        proto, profile = plan_here()
+        text = json.dumps({k: base64.b64encode(m.SerializeToString()).decode() for k, m in
+                           (("plan", proto), ("profile", profile))})
+    else:
+        print(f"waiting for worker task 0's plan (up to {s.plan_wait_timeout:g} s)", flush=True)
+    text = host_signals.broadcast_text(cluster, range(len(cluster.workers)), text, 0, s.plan_wait_timeout, "plan")
+    messages = json.loads(text)
+    proto, profile = plan_pb2.Plan(), layer_cost_pb2.LayerCostProfile()
+    proto.ParseFromString(base64.b64decode(messages["plan"]))
+    profile.ParseFromString(base64.b64decode(messages["profile"]))
+    return proto, profile
+
+
+def make_plan(s: TrainSettings, model_fn, input_fn, name, devices, batch_size, layers=None, cluster=None):
     """The plan (dapple_tf.Plan) from --plan, or from a profile and the DAPPLE planner, on the devices
-    training runs on (`devices`, or this process's when None), and the simulated run for --trace."""
+    training runs on (`devices`, or this process's when None), and the simulated run for --trace; per host
+    (`cluster` names this process a worker task), task 0's plan."""
     import tensorflow as tf
 
     from dapple_tf.cluster.servers import map_devices
     from dapple_tf.rewrite.replicas import canonical_device
 
-    plan, simulated = _plan_and_simulation(s, model_fn, input_fn, name, devices, batch_size, layers)
+    plan, simulated = _plan_and_simulation(s, model_fn, input_fn, name, devices, batch_size, layers, cluster)
     if devices is None:  # this process's own devices
         devices = [canonical_device(d.name) for d in tf.config.list_logical_devices()]
     plan = plan.with_devices(canonical_device)  # build_pipeline's spelling, as map_devices compares names
@@ -215,10 +256,6 @@ def start_own_server(s: TrainSettings, cluster):
     from dapple_tf.cluster.roles import server_settings
     from dapple_tf.cluster.servers import start_server
 
-    if not s.plan:
-        raise ValueError("training per host (TF_CONFIG names this process worker task "
-                         f"{cluster.task_index}) needs --plan: every task must build its part of the same plan "
-                         "(write one with dapple_plan)")
     devices, threads = server_settings()
     server = start_server(cluster, devices, threads)
     print(f"worker task {cluster.task_index} serving at {cluster.workers[cluster.task_index]}; building its own part "
@@ -270,7 +307,7 @@ def train(s: TrainSettings) -> int:
         plan, global_input_fn = horovod.plan, input_fn
         input_fn = lambda step: horovod.local_slice(global_input_fn(step))  # noqa: E731
     else:
-        plan, simulated = make_plan(s, model_fn, input_fn, name, where.devices, batch_size, layers)
+        plan, simulated = make_plan(s, model_fn, input_fn, name, where.devices, batch_size, layers, where.cluster)
     lead = not horovod or horovod.rank == 0  # under Horovod, rank 0 checkpoints, logs and traces
     from dapple_tf.model import minimize
     from dapple_tf.rewrite.options import PipelineOptions
