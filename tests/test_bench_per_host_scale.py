@@ -22,7 +22,12 @@ def test_rows_side_by_side(tmp_path):
         [tuple(map(int, p)) for p in printed] and len(rows) == 2
     for row in rows:
         assert row["per_host"]["ops"] < row["in_graph"]["ops"]
-        assert row["per_host"]["first_step_s"] > 0 and row["per_host"]["step_s"] > 0
+        hosts = row["per_host"]
+        assert len(hosts["tasks"]) == row["tasks"] and hosts["step_s"] > 0
+        # per host: the slowest build (one worker at a time) plus the slowest start, and the own-hosts estimate
+        assert hosts["build_s"] == max(t["build_s"] for t in hosts["tasks"]) > 0
+        assert hosts["first_step_s"] == max(t["build_s"] + t["first_step_s"] for t in hosts["tasks"])
+        assert hosts["own_hosts_s"] == hosts["build_s"] + max(t["start_cpu_s"] for t in hosts["tasks"])
     # the cluster's graph grows with its tasks (340 ops each, the figure for data parallelism), a task's
     # graph by the model's one more layer (every task traces the whole model once) and a stage of its own
     in_graph_growth = rows[1]["in_graph"]["ops"] - rows[0]["in_graph"]["ops"]

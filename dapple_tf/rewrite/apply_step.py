@@ -174,7 +174,7 @@ def _check_and_pair(cones: Dict[tf.Variable, List[tf.Operation]], copies: Variab
         for op in ops:
             owners.setdefault(op, []).append(variable)
     variables_by_op = {_handle_op(v): v for v in graph.get_collection(_GLOBAL) + graph.get_collection(_LOCAL)}
-    pairs = []
+    pairs, made_local = [], []
     for user, copy in copies.extra_copies():
         if user not in cones or copy not in cones:
             continue
@@ -189,8 +189,9 @@ def _check_and_pair(cones: Dict[tf.Variable, List[tf.Operation]], copies: Variab
             user_slot, copy_slot = variables_by_op.get(user_slot_op), variables_by_op.get(copy_slot_op)
             if user_slot is None or copy_slot is None:
                 continue
-            _make_local(graph, copy_slot)
+            made_local.append(copy_slot)
             pairs.append((user_slot, copy_slot))
+    _make_local(graph, made_local)
     return pairs
 
 
@@ -203,8 +204,14 @@ def _variables_touched(cone: Sequence[tf.Operation], variable: tf.Variable) -> L
     return sorted(found, key=lambda op: op._id)  # pylint: disable=protected-access
 
 
-def _make_local(graph: tf.Graph, variable: tf.Variable) -> None:
+def _make_local(graph: tf.Graph, variables: List[tf.Variable]) -> None:
+    """Moves `variables` from the global variables to the local ones, in their order (by identity: comparing
+    variables costs a call into TF each, and the collection holds every variable of the graph)."""
     global_vars = graph.get_collection_ref(_GLOBAL)
-    if variable in global_vars:
-        global_vars.remove(variable)
-        graph.add_to_collection(_LOCAL, variable)
+    moved = {id(v) for v in global_vars} & {id(v) for v in variables}
+    global_vars[:] = [v for v in global_vars if id(v) not in moved]
+    added = set()
+    for variable in variables:
+        if id(variable) in moved and id(variable) not in added:
+            added.add(id(variable))
+            graph.add_to_collection(_LOCAL, variable)

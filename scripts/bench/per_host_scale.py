@@ -5,15 +5,21 @@
 
 For each N and plan this starts N worker processes (a server each, --devices_per_task virtual CPU devices), then
 - in-graph: this process builds the whole cluster's graph and drives every step from one session (today's runtime);
-- per-host: every worker builds only its own part (PipelineOptions(own_task=...)) and runs it in its own session,
-  all at once (dapple_tf.cluster.host_session starts them).
-Each row prints the ops of the in-graph client's graph and of the largest per-host graph, the time from the start of
-the build to the end of the first step (per host: the slowest worker's) with the CPU seconds of the build, and the
-steady step (median; per host: the slowest worker's). Plans, each with the same work per task at every N:
+- per-host: every worker builds only its own part (PipelineOptions(own_task=...)), one worker at a time (each build
+  as on a host of its own: on 2 cores N building processes would share them), then all start their sessions at once
+  (dapple_tf.cluster.host_session) and step them.
+Each row prints the ops of the in-graph client's graph and of the largest per-host graph; the time to the first
+step: in-graph from the start of the build to the end of the first step, per host the slowest worker's build plus
+its start (session, initialization and first step, all workers at once: on 2 cores it grows with N); per host,
+the slowest worker's build and start, and "own hosts": the slowest build plus the most CPU seconds any worker's
+start took (about what the first step would take on hosts of their own: every worker waits for the slowest
+build, then its start is its own work, but for the first step's waits along the pipeline); the steady step
+(median; per host: the slowest worker's). Plans, each with the same work per task at every N:
 - dp: a 9-layer MLP (hidden --width), every task a replica, 16 samples each;
 - straight: N one-layer stages (the last also holds the loss), one per task, M=4 micro-batches of 16;
 - hybrid: N/2 one-layer stages, each replicated on two tasks, M=4 micro-batches of 32.
-On 2 cores, the N workers of a row share them: their wall times grow with N where their CPU seconds do not.
+--json also keeps each worker's figures. Every worker traces the whole model (the straight and hybrid plans' grows
+by a layer per stage) and builds its own part of the pipeline.
 
     python -m scripts.bench.per_host_scale --paper_plan     # no cluster: one task's graph of a 512 x 8 plan
 
@@ -88,20 +94,25 @@ def _run(session, handle, start: float, steps: int) -> dict:
     fetch = handle.train_op
     session.run(fetch)
     first = time.perf_counter() - start
-    durations = []
+    durations, cpu = [], time.process_time()
     for _ in range(steps - 1):
         began = time.perf_counter()
         session.run(fetch)
         durations.append(time.perf_counter() - began)
-    return {"first_step_s": first, "step_s": statistics.median(durations) if durations else None}
+    return {"first_step_s": first, "step_s": statistics.median(durations) if durations else None,
+            "steps_cpu_s": time.process_time() - cpu}
 
 
 def worker() -> int:
-    """A worker task: its server, then per request line one per-host run of its part; one JSON line back each."""
+    """A worker task: its server, then per request line one per-host run of its part: it builds its graph, says so
+    ({"built": seconds}), waits for a line "run", starts its session and steps it; one JSON line back."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from dapple_tf.cluster import host_session  # pylint: disable=import-outside-toplevel
     from dapple_tf.cluster.servers import server_config, session_config  # pylint: disable=import-outside-toplevel
+
+    import dapple_tf  # pylint: disable=import-outside-toplevel,unused-import  # imported before the timed builds
+    import models  # pylint: disable=import-outside-toplevel,unused-import
 
     spec = tf.train.ClusterSpec({"worker": list(FLAGS.workers)})
     server = tf.distribute.Server(spec, "worker", FLAGS.as_worker, config=server_config(FLAGS.devices_per_task))
@@ -113,11 +124,18 @@ def worker() -> int:
                 start = time.perf_counter()
                 handle, build_cpu = _build(request["plan"], request["n"],
                                            f"/job:worker/replica:0/task:{FLAGS.as_worker}")
+                built = time.perf_counter() - start
+                print(json.dumps({"built": built}), flush=True)
+                if sys.stdin.readline().strip() != "run":
+                    return 0
                 config = handle.session_config(session_config(TIMEOUT_S))
+                start, start_cpu = time.perf_counter(), time.process_time()
                 with tf.compat.v1.Session(server.target, config=config) as sess:
                     host_session.start(sess, handle, TIMEOUT_S)
                     row = _run(sess, handle, start, request["steps"])
-            print(json.dumps(dict(row, ops=len(graph.get_operations()), build_cpu_s=build_cpu)), flush=True)
+                    start_cpu = time.process_time() - start_cpu - row.pop("steps_cpu_s")
+            print(json.dumps(dict(row, ops=len(graph.get_operations()), build_s=built, build_cpu_s=build_cpu,
+                                  start_cpu_s=start_cpu)), flush=True)
         except Exception as e:  # pylint: disable=broad-except  # the chief names the task and its error
             message = [l for l in getattr(e, "message", str(e)).strip().splitlines() if l.strip() and "error:" not in l.lower()[:30]]
             print(json.dumps({"error": f"{type(e).__name__}: {message[0] if message else ''}"}), flush=True)
@@ -176,25 +194,43 @@ def _row(plan: str, n: int) -> dict:
     addresses, processes = _start_workers(n)
     try:
         one = _in_graph(plan, n, f"grpc://{addresses[0]}")
-        for process in processes:
+        built = []
+        for process in processes:  # one build at a time: each as on a host of its own
             process.stdin.write(json.dumps({"plan": plan, "n": n, "steps": FLAGS.steps}) + "\n")
             process.stdin.flush()
-        hosts = [json.loads(process.stdout.readline() or '{"error": "exited"}') for process in processes]
+            built.append(json.loads(process.stdout.readline() or '{"error": "exited"}'))
+            if "error" in built[-1]:
+                break
+        else:
+            for process in processes:
+                process.stdin.write("run\n")
+                process.stdin.flush()
+        hosts = [json.loads(process.stdout.readline() or '{"error": "exited"}') if "error" not in b else b
+                 for process, b in zip(processes, built)]
     finally:
         _stop(processes)
     failed = [f"worker {task}: {h['error']}" for task, h in enumerate(hosts) if "error" in h]
     if failed:
         raise RuntimeError(f"{plan} on {n} tasks, per host: " + "; ".join(failed))
     return {"plan": plan, "tasks": n, "in_graph": one, "per_host": {
-        "ops": max(h["ops"] for h in hosts), "first_step_s": max(h["first_step_s"] for h in hosts),
-        "build_cpu_s": max(h["build_cpu_s"] for h in hosts), "step_s": max(h["step_s"] for h in hosts)}}
+        "ops": max(h["ops"] for h in hosts), "build_s": max(h["build_s"] for h in hosts),
+        "build_cpu_s": max(h["build_cpu_s"] for h in hosts), "start_s": max(h["first_step_s"] for h in hosts),
+        "first_step_s": max(h["build_s"] + h["first_step_s"] for h in hosts),
+        "start_cpu_s": max(h["start_cpu_s"] for h in hosts),
+        "own_hosts_s": max(h["build_s"] for h in hosts) + max(h["start_cpu_s"] for h in hosts),
+        "step_s": max(h["step_s"] for h in hosts), "tasks": hosts}}
+
+
+HEADER = (f"{'':<13} {'ops (largest graph)':>17} {'to 1st step s':>19} {'per host, s':>29} {'step ms':>17}\n"
+          f"{'plan':<9} {'N':>3} {'in-graph':>8} {'per-host':>8} {'in-graph':>9} {'per-host':>9} {'build':>9} "
+          f"{'start':>9} {'own hosts':>9} {'in-graph':>8} {'per-host':>8}")
 
 
 def _print(row: dict) -> None:
     one, hosts = row["in_graph"], row["per_host"]
     print(f"{row['plan']:<9} {row['tasks']:>3} {one['ops']:>8} {hosts['ops']:>8} {one['first_step_s']:>9.2f} "
-          f"{hosts['first_step_s']:>9.2f} {one['build_cpu_s']:>8.2f} {hosts['build_cpu_s']:>8.2f} "
-          f"{one['step_s'] * 1e3:>8.1f} {hosts['step_s'] * 1e3:>8.1f}", flush=True)
+          f"{hosts['first_step_s']:>9.2f} {hosts['build_s']:>9.2f} {hosts['start_s']:>9.2f} "
+          f"{hosts['own_hosts_s']:>9.2f} {one['step_s'] * 1e3:>8.1f} {hosts['step_s'] * 1e3:>8.1f}", flush=True)
 
 
 PAPER_STAGES = ((0, 13, 1024), (14, 30, 1024), (31, 49, 2048))  # (first layer, last layer, replicas)
@@ -234,9 +270,7 @@ def main(argv):
         return worker()
     if FLAGS.paper_plan:
         return paper_plan()
-    print(f"{'':<13} {'ops (largest graph)':>17} {'build+1st step s':>19} {'build CPU s':>17} {'step ms':>17}")
-    print(f"{'plan':<9} {'N':>3} {'in-graph':>8} {'per-host':>8} {'in-graph':>9} {'per-host':>9} {'in-graph':>8} "
-          f"{'per-host':>8} {'in-graph':>8} {'per-host':>8}")
+    print(HEADER)
     rows = []
     for n in map(int, FLAGS.tasks):
         for plan in FLAGS.plans:
