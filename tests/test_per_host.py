@@ -195,9 +195,10 @@ def test_a_step_runs_nothing_on_other_tasks_but_their_queues():
         handle = _build(plan, _task(1))
         ran = dapple_tf.rewrite.graph_walk.ancestors(handle.train_op)
     elsewhere = {op.type for op in ran if op.device and f"{_task(1)}/" not in op.device}
-    # the queues there and the enqueues into them; control-only groups of those enqueues; the handles of the
-    # variables of task 0 this task copies (the first step's stale-copy check reads them)
-    assert elsewhere == {"FIFOQueueV2", "QueueEnqueueV2", "NoOp", "VarHandleOp"}, elsewhere
+    # the queues there and the enqueues into them; control-only groups of those enqueues; the stale-copy check's
+    # side on task 0: a conditional (If, its output's Identity) on the handles of the variables this task copies,
+    # which reads them in the first step after local initialization and sends an empty tensor in the others
+    assert elsewhere == {"FIFOQueueV2", "QueueEnqueueV2", "NoOp", "VarHandleOp", "If", "Identity"}, elsewhere
     sends = [op for op in ran if op.type == "QueueEnqueueV2"]
     # to task 2 per micro-batch: h0 and h1 (the skip connection crosses the boundary too); to task 0: the
     # exchange of stage 0's gradients (task 0 owns pieces of them)

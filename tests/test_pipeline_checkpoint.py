@@ -98,8 +98,10 @@ def test_restore_without_local_init_op_fails_on_the_first_step_with_the_fix(tmp_
         with tf.compat.v1.Session(config=SESSION_CONFIG) as sess:
             sess.run(handle.initializer)
             saver.restore(sess, ckpt)  # the copies still hold the initial values
-            with pytest.raises(tf.errors.InvalidArgumentError, match=r"copy of variable \w+ differs .*local_init_op"):
-                sess.run(handle.train_op)
+            for _ in range(2):  # failed, not marked checked
+                with pytest.raises(tf.errors.InvalidArgumentError,
+                                   match=r"copy of variable \w+ differs .*local_init_op"):
+                    sess.run(handle.train_op)
             sess.run(handle.local_init_op)  # the fix
             for _ in range(2):  # checked once, then skipped
                 sess.run(handle.train_op)
@@ -107,3 +109,18 @@ def test_restore_without_local_init_op_fails_on_the_first_step_with_the_fix(tmp_
             for name, value in copies.items():
                 user = variables_by_name()[name.split("/dapple_copy")[0]]
                 np.testing.assert_array_equal(value, sess.run(user))
+
+
+def test_the_check_takes_one_tensor_per_pair_of_devices_across():
+    """A conditional's inputs cross devices in every step, taken or not: each side of the check takes its own
+    device's handles and flag, and one tensor of the other side's (the flag, the variables' values)."""
+    values = toy_models.initial_values()
+    x, y = toy_models.batch(8)
+    with tf.Graph().as_default() as graph:
+        pipelined_graph(values, x, y)
+        conditionals = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+        across = {op.name: sorted(t.op.type for t in op.inputs if t.op.device != op.device) for op in conditionals}
+    # stage 0's variables on cpu:0, their copies on cpu:1
+    assert sorted((op.name, op.device) for op in conditionals) == [
+        ("dapple_stale_copy_check", cpu(1)), ("dapple_stale_copy_values", cpu(0))]
+    assert across == {"dapple_stale_copy_check": ["Identity"], "dapple_stale_copy_values": ["Identity"]}

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from dapple_tf.rewrite import collectives, host_part
-from dapple_tf.rewrite.replicas import VariableCopies
+from dapple_tf.rewrite.replicas import StaleCopyCheck, VariableCopies
 from planner.formats.constants import ALLREDUCE_BUCKET_BYTES
 
 Key = Tuple[tf.Variable, str]  # (variable, device)
@@ -152,13 +152,14 @@ def _exchange_key(devices, dtype: tf.DType, bucket: int) -> str:
 
 def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys,
                     cross_process_reduce=None, bucket_bytes: Optional[float] = None,
-                    start_after: Optional[tf.Operation] = None, host=None, variable_devices=None, gathered=None):
+                    start_after: Optional[StaleCopyCheck] = None, host=None, variable_devices=None, gathered=None):
     """AllReduce per (device set, dtype) in buckets; returns (grads_and_vars, (grad, copy) pairs to apply).
 
     cross_process_reduce(buffer) -> buffer, if given, reduces each bucket's packed in-process sum
     once across processes (dapple_tf.frontends.horovod), weighted by the process's share of the batch.
     bucket_bytes: see the module docstring (None: ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
-    start_after: an op every device's first collective waits for (build_pipeline's stale-copy check).
+    start_after: build_pipeline's stale-copy check: the first collective on each device holding copies waits for
+    its comparing (`by_device`).
     host, variable_devices, gathered: in a per-host graph, its host_part.HostPart, every device of the cluster that
     accumulates each variable's gradient (StageBuilder.variable_devices) and the variables whose gradient is gathered
     rows on all of them (from StageBuilder.gradient_kinds); sums and pairs are this task's."""
@@ -174,7 +175,12 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
     exposed: Dict[tf.Variable, object] = {}
     last_collective: Dict[str, object] = {}
     if start_after is not None:
-        last_collective = {d: start_after for devices in devices_of.values() for d in devices if host.is_local(d)}
+        for d in sorted({d for devices in devices_of.values() for d in devices if host.is_local(d)}):
+            if d not in start_after.by_device:  # no copies here: nothing to wait for
+                with tf.device(d), tf.control_dependencies(None):
+                    last_collective[d] = tf.no_op(name="dapple_no_copies")
+            else:
+                last_collective[d] = start_after.by_device[d]
     # One fixed order of collectives on every device (NCCL needs it on overlapping groups).
     for devices, dtype in sorted(groups, key=lambda key: (key[0], key[1].name)):
         summed: Dict[Key, tf.Tensor] = {}

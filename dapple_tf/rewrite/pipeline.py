@@ -380,7 +380,7 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     for user, copy in copies.extra_copies():
         if copy in applied_variables and host is not None and not host.is_local(user.device):
             remote_users.setdefault(id(user), user)
-    applied = apply_step.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check,
+    applied = apply_step.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check.op,
                                applied_before=script is not None, remote_users=list(remote_users.values()),
                                is_local=host.is_local if host is not None and host.per_host else None)
     train_op = tf.group(applied.apply_op, *update_ops, name="dapple_train") if update_ops else applied.apply_op

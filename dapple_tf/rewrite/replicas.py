@@ -8,6 +8,7 @@ single-device model's variables. Every copy applies the same all-reduced gradien
 that skipped it.
 """
 
+import dataclasses
 from typing import Dict, List, Tuple
 
 import tensorflow as tf
@@ -67,31 +68,64 @@ class VariableCopies:
                 assigns.append(target.assign(source.read_value()).op)
         return tf.group(*assigns, name="dapple_broadcast_variables")
 
-    def stale_copy_check(self) -> tf.Operation:
-        """An op for the first step after local initialization: fails unless every copy equals its
+    def stale_copy_check(self) -> "StaleCopyCheck":
+        """Ops for the first step after local initialization: fail unless every copy equals its
         user's variable (a checkpoint restored, or a variable assigned, without the broadcast).
 
-        A local flag (reset by local init, so by `local_init_op`) makes later steps skip the comparison.
+        Per pair of devices (the variables', the copies') and dtype, a local flag on the copies' device (reset by
+        local init, so by `local_init_op`) makes later steps skip the comparison. Each side's conditional reads
+        only its own device's variables (a conditional's captured handles cross devices in every step, taken or
+        not): the variables' side sends their values flattened into one tensor (empty once checked), the
+        copies' side compares. A skipped check ends on the copies' device without waiting for that tensor.
         """
-        pairs = self.extra_copies()
-        if not pairs:
-            return tf.no_op(name="dapple_stale_copy_check")
-        with tf.control_dependencies(None):
-            checked = tf.compat.v1.Variable(
-                False, trainable=False, collections=[_LOCAL], name="dapple_copies_checked", use_resource=True
-            )
+        groups = _by_device_pair(self.extra_copies())
+        if not groups:
+            return StaleCopyCheck(tf.no_op(name="dapple_stale_copy_check"), {})
+        by_device: Dict[str, List[tf.Operation]] = {}
+        for key, group in groups.items():
+            by_device.setdefault(key[1], []).append(_checked_pair(*key, group))
+        checks = {device: ops[0] if len(ops) == 1 else tf.group(*ops) for device, ops in by_device.items()}
+        return StaleCopyCheck(tf.group(*checks.values(), name="dapple_stale_copy_check"), checks)
 
-        def compare():
-            asserts = []
-            for variable, copy in pairs:
-                with tf.device(copy.device):
-                    equal = tf.reduce_all(tf.equal(copy.read_value(), variable.read_value()))
-                    asserts.append(tf.debugging.Assert(equal, [_STALE_MESSAGE.format(name=variable.op.name)]))
-            with tf.control_dependencies(asserts):
-                return checked.assign(True, read_value=True)
 
-        result = tf.cond(checked.read_value(), lambda: tf.constant(True), compare, name="dapple_stale_copy_check")
-        return result.op
+@dataclasses.dataclass(frozen=True)
+class StaleCopyCheck:
+    """The stale-copy check: `op` the whole check; `by_device` the comparing on each device holding copies."""
+    op: tf.Operation
+    by_device: Dict[str, tf.Operation]
+
+
+def _by_device_pair(pairs: List[Tuple[tf.Variable, tf.Variable]]
+                    ) -> Dict[Tuple[str, str, tf.DType], List[Tuple[tf.Variable, tf.Variable]]]:
+    """(variable, copy) pairs by (the variable's device, the copy's device, dtype), in their order."""
+    groups: Dict[Tuple[str, str, tf.DType], List[Tuple[tf.Variable, tf.Variable]]] = {}
+    for variable, copy in pairs:
+        groups.setdefault((variable.device, copy.device, variable.dtype.base_dtype), []).append((variable, copy))
+    return groups
+
+
+def _checked_pair(variable_device: str, copy_device: str, dtype: tf.DType,
+                  group: List[Tuple[tf.Variable, tf.Variable]]) -> tf.Operation:
+    """The stale-copy check of one pair of devices: the variables' values sent while the copies' flag is False,
+    compared with the copies on their device, the flag set once all are equal."""
+    with tf.device(copy_device), tf.control_dependencies(None):
+        checked = tf.compat.v1.Variable(False, trainable=False, collections=[_LOCAL], name="dapple_copies_checked",
+                                        use_resource=True)
+        done = checked.read_value()
+    with tf.device(variable_device):
+        values = tf.cond(done, lambda: tf.zeros([0], dtype), lambda: tf.concat(
+            [tf.reshape(variable.read_value(), [-1]) for variable, _ in group], 0), name="dapple_stale_copy_values")
+
+    def compare():
+        pieces = tf.split(values, [copy.shape.num_elements() for _, copy in group])
+        asserts = [tf.debugging.Assert(tf.reduce_all(tf.equal(tf.reshape(copy.read_value(), [-1]), piece)),
+                                       [_STALE_MESSAGE.format(name=variable.op.name)])
+                   for (variable, copy), piece in zip(group, pieces)]
+        with tf.control_dependencies(asserts):
+            return checked.assign(True, read_value=True)
+
+    with tf.device(copy_device):
+        return tf.cond(done, lambda: tf.constant(True), compare, name="dapple_stale_copy_check").op
 
 
 _STALE_MESSAGE = (
