@@ -8,22 +8,26 @@ import pytest
 
 from tests.programs import run_program
 
-pytestmark = pytest.mark.slow  # ~20 s: two rows, a local cluster of 2 and of 4 workers each
+pytestmark = pytest.mark.slow  # ~25 s: three rows, local clusters of 2, 2 x 2 and 4 workers
 
 
 def test_rows_side_by_side(tmp_path):
     out = tmp_path / "rows.json"
-    result = run_program("bench.per_host_scale", "--tasks=2,4", "--plans=straight", "--steps=2", f"--json={out}",
-                         timeout=300)
+    result = run_program("bench.per_host_scale", "--tasks=2,4", "--plans=straight", "--steps=2", "--crowd",
+                         f"--json={out}", timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     printed = re.findall(r"^straight +(\d+) +(\d+) +(\d+) ", result.stdout, re.M)
     rows = json.loads(out.read_text())
+    crowd = rows.pop(1)  # N=2 as two clusters of 2 at once, printed "2x2" without in-graph figures
+    assert re.findall(r"^straight +2x2 +- +(\d+) +- ", result.stdout, re.M) == [str(crowd["per_host"]["ops"])]
+    assert crowd["tasks"] == 2 and crowd["clusters"] == 2 and crowd["in_graph"] is None
+    assert [t["ops"] for t in crowd["per_host"]["tasks"]] == [t["ops"] for t in rows[0]["per_host"]["tasks"]] * 2
     assert [(r["tasks"], r["in_graph"]["ops"], r["per_host"]["ops"]) for r in rows] == \
         [tuple(map(int, p)) for p in printed] and len(rows) == 2
-    for row in rows:
-        assert row["per_host"]["ops"] < row["in_graph"]["ops"]
+    for row in rows + [crowd]:
+        assert row is crowd or row["per_host"]["ops"] < row["in_graph"]["ops"]
         hosts = row["per_host"]
-        assert len(hosts["tasks"]) == row["tasks"] and hosts["step_s"] > 0
+        assert len(hosts["tasks"]) == row["tasks"] * row["clusters"] and hosts["step_s"] > 0
         # per host: the slowest build (one worker at a time) plus the slowest start, and the own-hosts estimate
         assert hosts["build_s"] == max(t["build_s"] for t in hosts["tasks"]) > 0
         assert hosts["first_step_s"] == max(t["build_s"] + t["first_step_s"] for t in hosts["tasks"])

@@ -11,6 +11,7 @@ a name per boundary, micro-batch and replica pair, so the order in which the two
 items up. `InGraph` is the one-process case: every device is local and nothing is queued.
 """
 
+import functools
 from typing import List, Optional
 
 import tensorflow as tf
@@ -22,6 +23,7 @@ from dapple_tf.errors import PerHostError, PlanError
 QUEUE_CAPACITY = 2
 
 
+@functools.lru_cache(maxsize=None)  # a build asks it of every operation's device, of a few distinct names
 def task_of(device: str) -> str:
     """The task part of a device name: "/job:worker/replica:0/task:1" for ".../task:1/device:CPU:0"."""
     spec = tf.DeviceSpec.from_string(device)

@@ -418,8 +418,8 @@ def _tasks_used(own_task: str, graph: tf.Graph) -> Tuple[str, ...]:
     template's on every stage's first device), and one on a task outside its device filters is an error even if it
     never runs."""
     own = host_part.task_of(own_task)
-    used = {host_part.task_of(op.device) for op in graph.get_operations()
-            if tf.DeviceSpec.from_string(op.device).job is not None} - {own}
+    devices = {op.device for op in graph.get_operations()}
+    used = {host_part.task_of(d) for d in devices if tf.DeviceSpec.from_string(d).job is not None} - {own}
     return (own,) + tuple(sorted(used))
 
 

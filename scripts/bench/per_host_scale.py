@@ -21,6 +21,13 @@ build, then its start is its own work, but for the first step's waits along the 
 --json also keeps each worker's figures. Every worker traces the whole model (the straight and hybrid plans' grows
 by a layer per stage) and builds its own part of the pipeline.
 
+    python -m scripts.bench.per_host_scale --tasks=2,16 --crowd     # and N=2 as 8 clusters of 2 at once
+
+--crowd adds, per smaller N, a per-host row "N x K": K = max(N) / N independent clusters of N workers each, built
+one worker at a time and started at once, figures over all K * N workers. It is the smaller N with the largest's
+crowd: as many processes share the 2 cores at the start, and its slowest build is the slowest of as many. Beside
+it, what the larger N adds is what its plan adds, not what the machine's crowding adds.
+
     python -m scripts.bench.per_host_scale --paper_plan     # no cluster: one task's graph of a 512 x 8 plan
 
 --paper_plan builds, without running it, the per-host graph of chosen tasks for the plan DAPPLE's planner makes for
@@ -36,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import List
 
 from absl import flags
 
@@ -50,6 +58,7 @@ flags.DEFINE_integer("width", 64, "Hidden units per layer.")
 flags.DEFINE_integer("steps", 6, "Steps per run, the first included; the steady step is the median of the rest.")
 flags.DEFINE_integer("cores_per_worker", 0, "Pin worker i to its own cores (0: no pinning).")
 flags.DEFINE_string("json", "", "Also write the rows here.")
+flags.DEFINE_boolean("crowd", False, "Also run each smaller N per host as max(N) / N clusters at once (docstring).")
 flags.DEFINE_boolean("paper_plan", False, "Build per-host graphs of BERT-48 on 512 x 8 GPUs instead (docstring).")
 flags.DEFINE_list("paper_tasks", ["0", "128", "256"], "With --paper_plan: the tasks whose graphs are built.")
 flags.DEFINE_integer("as_worker", -1, "Internal: run worker task N of --workers.")
@@ -131,11 +140,15 @@ def worker() -> int:
                 config = handle.session_config(session_config(TIMEOUT_S))
                 start, start_cpu = time.perf_counter(), time.process_time()
                 with tf.compat.v1.Session(server.target, config=config) as sess:
+                    session_cpu = time.process_time() - start_cpu
                     host_session.start(sess, handle, TIMEOUT_S)
+                    initialize_cpu = time.process_time() - start_cpu - session_cpu
                     row = _run(sess, handle, start, request["steps"])
                     start_cpu = time.process_time() - start_cpu - row.pop("steps_cpu_s")
             print(json.dumps(dict(row, ops=len(graph.get_operations()), build_s=built, build_cpu_s=build_cpu,
-                                  start_cpu_s=start_cpu)), flush=True)
+                                  start_cpu_s=start_cpu, start_cpu_parts={
+                                      "session": session_cpu, "initialize": initialize_cpu,
+                                      "first_step": start_cpu - session_cpu - initialize_cpu})), flush=True)
         except Exception as e:  # pylint: disable=broad-except  # the chief names the task and its error
             message = [l for l in getattr(e, "message", str(e)).strip().splitlines() if l.strip() and "error:" not in l.lower()[:30]]
             print(json.dumps({"error": f"{type(e).__name__}: {message[0] if message else ''}"}), flush=True)
@@ -190,29 +203,19 @@ def _stop(processes) -> None:
             process.wait()
 
 
-def _row(plan: str, n: int) -> dict:
-    addresses, processes = _start_workers(n)
+def _row(plan: str, n: int, clusters: int = 1) -> dict:
+    """A row: in-graph, then per host. clusters > 1: no in-graph run; per host, that many independent clusters of n
+    workers build one worker at a time and start at once (the machine as crowded as by clusters * n workers), the
+    figures taken over all their workers."""
+    started = []
     try:
-        one = _in_graph(plan, n, f"grpc://{addresses[0]}")
-        built = []
-        for process in processes:  # one build at a time: each as on a host of its own
-            process.stdin.write(json.dumps({"plan": plan, "n": n, "steps": FLAGS.steps}) + "\n")
-            process.stdin.flush()
-            built.append(json.loads(process.stdout.readline() or '{"error": "exited"}'))
-            if "error" in built[-1]:
-                break
-        else:
-            for process in processes:
-                process.stdin.write("run\n")
-                process.stdin.flush()
-        hosts = [json.loads(process.stdout.readline() or '{"error": "exited"}') if "error" not in b else b
-                 for process, b in zip(processes, built)]
+        for _ in range(clusters):
+            started.append(_start_workers(n))
+        one = _in_graph(plan, n, f"grpc://{started[0][0][0]}") if clusters == 1 else None
+        hosts = _per_host([p for _, processes in started for p in processes], plan, n)
     finally:
-        _stop(processes)
-    failed = [f"worker {task}: {h['error']}" for task, h in enumerate(hosts) if "error" in h]
-    if failed:
-        raise RuntimeError(f"{plan} on {n} tasks, per host: " + "; ".join(failed))
-    return {"plan": plan, "tasks": n, "in_graph": one, "per_host": {
+        _stop([p for _, processes in started for p in processes])
+    return {"plan": plan, "tasks": n, "clusters": clusters, "in_graph": one, "per_host": {
         "ops": max(h["ops"] for h in hosts), "build_s": max(h["build_s"] for h in hosts),
         "build_cpu_s": max(h["build_cpu_s"] for h in hosts), "start_s": max(h["first_step_s"] for h in hosts),
         "first_step_s": max(h["build_s"] + h["first_step_s"] for h in hosts),
@@ -221,16 +224,42 @@ def _row(plan: str, n: int) -> dict:
         "step_s": max(h["step_s"] for h in hosts), "tasks": hosts}}
 
 
-HEADER = (f"{'':<13} {'ops (largest graph)':>17} {'to 1st step s':>19} {'per host, s':>29} {'step ms':>17}\n"
-          f"{'plan':<9} {'N':>3} {'in-graph':>8} {'per-host':>8} {'in-graph':>9} {'per-host':>9} {'build':>9} "
+def _per_host(processes, plan: str, n: int) -> List[dict]:
+    """Each worker's figures: builds one at a time (each as on a host of its own), then all start at once. Raises
+    RuntimeError naming the workers (cluster, task) that failed."""
+    built = []
+    for process in processes:
+        process.stdin.write(json.dumps({"plan": plan, "n": n, "steps": FLAGS.steps}) + "\n")
+        process.stdin.flush()
+        built.append(json.loads(process.stdout.readline() or '{"error": "exited"}'))
+        if "error" in built[-1]:
+            break
+    else:
+        for process in processes:
+            process.stdin.write("run\n")
+            process.stdin.flush()
+    hosts = [json.loads(process.stdout.readline() or '{"error": "exited"}') if "error" not in b else b
+             for process, b in zip(processes, built)]
+    name = (lambda i: f"worker {i}") if len(processes) == n else (lambda i: f"cluster {i // n} worker {i % n}")
+    failed = [f"{name(i)}: {h['error']}" for i, h in enumerate(hosts) if "error" in h]
+    if failed:
+        raise RuntimeError(f"{plan} on {n} tasks, per host: " + "; ".join(failed))
+    return hosts
+
+
+HEADER = (f"{'':<14} {'ops (largest graph)':>17} {'to 1st step s':>19} {'per host, s':>29} {'step ms':>17}\n"
+          f"{'plan':<9} {'N':>4} {'in-graph':>8} {'per-host':>8} {'in-graph':>9} {'per-host':>9} {'build':>9} "
           f"{'start':>9} {'own hosts':>9} {'in-graph':>8} {'per-host':>8}")
 
 
 def _print(row: dict) -> None:
     one, hosts = row["in_graph"], row["per_host"]
-    print(f"{row['plan']:<9} {row['tasks']:>3} {one['ops']:>8} {hosts['ops']:>8} {one['first_step_s']:>9.2f} "
-          f"{hosts['first_step_s']:>9.2f} {hosts['build_s']:>9.2f} {hosts['start_s']:>9.2f} "
-          f"{hosts['own_hosts_s']:>9.2f} {one['step_s'] * 1e3:>8.1f} {hosts['step_s'] * 1e3:>8.1f}", flush=True)
+    tasks = str(row["tasks"]) if row["clusters"] == 1 else f"{row['tasks']}x{row['clusters']}"
+    ops, first, step = (f"{one['ops']:>8}", f"{one['first_step_s']:>9.2f}", f"{one['step_s'] * 1e3:>8.1f}") if one \
+        else (f"{'-':>8}", f"{'-':>9}", f"{'-':>8}")
+    print(f"{row['plan']:<9} {tasks:>4} {ops} {hosts['ops']:>8} {first} {hosts['first_step_s']:>9.2f} "
+          f"{hosts['build_s']:>9.2f} {hosts['start_s']:>9.2f} {hosts['own_hosts_s']:>9.2f} {step} "
+          f"{hosts['step_s'] * 1e3:>8.1f}", flush=True)
 
 
 PAPER_STAGES = ((0, 13, 1024), (14, 30, 1024), (31, 49, 2048))  # (first layer, last layer, replicas)
@@ -271,13 +300,16 @@ def main(argv):
     if FLAGS.paper_plan:
         return paper_plan()
     print(HEADER)
-    rows = []
-    for n in map(int, FLAGS.tasks):
+    rows, counts = [], list(map(int, FLAGS.tasks))
+    for n in counts:
         for plan in FLAGS.plans:
             if plan == "hybrid" and n % 2:
                 continue
             rows.append(_row(plan, n))
             _print(rows[-1])
+            if FLAGS.crowd and n < max(counts) and max(counts) % n == 0:
+                rows.append(_row(plan, n, max(counts) // n))
+                _print(rows[-1])
     harness.write_rows(FLAGS.json, rows)
     return 0
 
