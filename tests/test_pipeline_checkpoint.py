@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
+from dapple_tf.rewrite import graph_walk
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, cpu
 
@@ -109,6 +110,22 @@ def test_restore_without_local_init_op_fails_on_the_first_step_with_the_fix(tmp_
             for name, value in copies.items():
                 user = variables_by_name()[name.split("/dapple_copy")[0]]
                 np.testing.assert_array_equal(value, sess.run(user))
+
+
+def test_no_collective_starts_before_the_whole_check():
+    """A collective op that has started in a step that fails aborts the process's collectives for good, so the
+    fix (local_init_op) would not bring the session back: every device's collectives wait for every comparing,
+    the devices without copies (stage 0's variables on cpu:0) too."""
+    values = toy_models.initial_values()
+    x, y = toy_models.batch(8)
+    with tf.Graph().as_default() as graph:
+        pipelined_graph(values, x, y)
+        checks = {op for op in graph.get_operations() if op.type in ("If", "StatelessIf")
+                  and op.name.startswith("dapple_stale_copy_check")}
+        collectives = [op for op in graph.get_operations() if op.type.startswith("Collective")]
+    assert len(checks) == 1 and sorted({op.device for op in collectives}) == [cpu(0), cpu(1)]
+    for op in collectives:
+        assert checks <= graph_walk.ancestors(op), op.name
 
 
 def test_the_check_takes_one_tensor_per_pair_of_devices_across():

@@ -150,6 +150,27 @@ def _exchange_key(devices, dtype: tf.DType, bucket: int) -> str:
     return f"dapple/exchange/{collectives.CollectiveKeys.group_key(devices)}/{dtype.name}/b{bucket}"
 
 
+def _uses_collective_ops(devices: Tuple[str, ...], cross_process_reduce, host) -> bool:
+    """Whether all_reduce_sum reduces the device set with TF collective ops (not the graph's own transfers)."""
+    return len(devices) > 1 and not (cross_process_reduce is None and collectives.uses_exchange(devices, host.per_host))
+
+
+def _first_waits(check: StaleCopyCheck, devices: List[str], whole: bool) -> Dict[str, tf.Operation]:
+    """Per device, what its first reduction waits for: the whole stale-copy check (`whole`: TF collective ops run),
+    else its own comparing (nothing where it holds no copies)."""
+    waits = {}
+    for d in devices:
+        if whole:
+            with tf.device(d), tf.control_dependencies([check.op]):
+                waits[d] = tf.no_op(name="dapple_after_stale_copy_check")
+        elif d not in check.by_device:
+            with tf.device(d), tf.control_dependencies(None):
+                waits[d] = tf.no_op(name="dapple_no_copies")
+        else:
+            waits[d] = check.by_device[d]
+    return waits
+
+
 def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys,
                     cross_process_reduce=None, bucket_bytes: Optional[float] = None,
                     start_after: Optional[StaleCopyCheck] = None, host=None, variable_devices=None, gathered=None):
@@ -158,8 +179,10 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
     cross_process_reduce(buffer) -> buffer, if given, reduces each bucket's packed in-process sum
     once across processes (dapple_tf.frontends.horovod), weighted by the process's share of the batch.
     bucket_bytes: see the module docstring (None: ALLREDUCE_BUCKET_BYTES; 0: one bucket per variable).
-    start_after: build_pipeline's stale-copy check: the first collective on each device holding copies waits for
-    its comparing (`by_device`).
+    start_after: build_pipeline's stale-copy check: the first reduction on each device holding copies waits for
+    its comparing (`by_device`); where any reduction runs TF collective ops, every device's first waits for the whole
+    check: a collective op that has started in a step that fails aborts the process's collectives for good (TF:
+    "Restart your program to reset"), so a failed check must stop the step before any starts.
     host, variable_devices, gathered: in a per-host graph, its host_part.HostPart, every device of the cluster that
     accumulates each variable's gradient (StageBuilder.variable_devices) and the variables whose gradient is gathered
     rows on all of them (from StageBuilder.gradient_kinds); sums and pairs are this task's."""
@@ -173,14 +196,9 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
     position = {op: i for i, op in enumerate(graph.get_operations())} if graph is not None else {}
     reduced: Dict[Key, object] = {}
     exposed: Dict[tf.Variable, object] = {}
-    last_collective: Dict[str, object] = {}
-    if start_after is not None:
-        for d in sorted({d for devices in devices_of.values() for d in devices if host.is_local(d)}):
-            if d not in start_after.by_device:  # no copies here: nothing to wait for
-                with tf.device(d), tf.control_dependencies(None):
-                    last_collective[d] = tf.no_op(name="dapple_no_copies")
-            else:
-                last_collective[d] = start_after.by_device[d]
+    last_collective: Dict[str, object] = {} if start_after is None else _first_waits(
+        start_after, sorted({d for devices in devices_of.values() for d in devices if host.is_local(d)}),
+        any(_uses_collective_ops(devices, cross_process_reduce, host) for devices, _ in groups))
     # One fixed order of collectives on every device (NCCL needs it on overlapping groups).
     for devices, dtype in sorted(groups, key=lambda key: (key[0], key[1].name)):
         summed: Dict[Key, tf.Tensor] = {}
