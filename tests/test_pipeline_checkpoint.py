@@ -112,18 +112,26 @@ def test_restore_without_local_init_op_fails_on_the_first_step_with_the_fix(tmp_
                 np.testing.assert_array_equal(value, sess.run(user))
 
 
-def test_no_collective_starts_before_the_whole_check():
+@pytest.mark.parametrize("batch_norm", [None, "sync"])
+def test_no_collective_starts_before_the_whole_check(batch_norm):
     """A collective op that has started in a step that fails aborts the process's collectives for good, so the
     fix (local_init_op) would not bring the session back: every device's collectives wait for every comparing,
-    the devices without copies (stage 0's variables on cpu:0) too."""
+    the devices without copies (stage 0's variables on cpu:0) too, and so do the synchronized batch norms'
+    collectives in the forward and backward passes, built before the check."""
     values = toy_models.initial_values()
     x, y = toy_models.batch(8)
     with tf.Graph().as_default() as graph:
-        pipelined_graph(values, x, y)
+        if batch_norm:
+            dapple_tf.build_pipeline(toy_models.batch_norm_model_fn(values), tf.constant(x), tf.constant(y), adam(),
+                                     dapple_tf.Plan.from_stages(STAGES, num_micro_batches=2),
+                                     dapple_tf.PipelineOptions(batch_norm=batch_norm))
+        else:
+            pipelined_graph(values, x, y)
         checks = {op for op in graph.get_operations() if op.type in ("If", "StatelessIf")
                   and op.name.startswith("dapple_stale_copy_check")}
         collectives = [op for op in graph.get_operations() if op.type.startswith("Collective")]
     assert len(checks) == 1 and sorted({op.device for op in collectives}) == [cpu(0), cpu(1)]
+    assert sum(op.type == "CollectiveReduceV2" for op in collectives) == (16 if batch_norm else 0)
     for op in collectives:
         assert checks <= graph_walk.ancestors(op), op.name
 

@@ -161,8 +161,7 @@ def _first_waits(check: StaleCopyCheck, devices: List[str], whole: bool) -> Dict
     waits = {}
     for d in devices:
         if whole:
-            with tf.device(d), tf.control_dependencies([check.op]):
-                waits[d] = tf.no_op(name="dapple_after_stale_copy_check")
+            waits[d] = check.after_all(d)
         elif d not in check.by_device:
             with tf.device(d), tf.control_dependencies(None):
                 waits[d] = tf.no_op(name="dapple_no_copies")

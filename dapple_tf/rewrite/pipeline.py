@@ -208,7 +208,7 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
     if global_step is not None and not host.is_local(global_step.device):
         global_step = None  # its own task's graph counts the steps
     step = _reduce_and_apply(graph, builder, copies, keys, optimizer, options, global_step, update_ops,
-                             layout.stages[-1].devices[0], model_train.script, host)
+                             layout.stages[-1].devices[0], model_train.script, host, first_part_op)
     initializer, local_init, broadcast = _initializers(graph, copies, step.slot_pairs, host)
     train_op = model_train.run_after(host_part.step_op(step.train_op, host, loss_mean))
     ready = _remote_uninitialized(host, [train_op, local_init]) if host.per_host else None
@@ -344,12 +344,13 @@ class _Step:
 
 def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCopies, keys, optimizer,
                       options: PipelineOptions, global_step, update_ops: List[tf.Operation], norm_device: str,
-                      script=None, host=None) -> _Step:
+                      script=None, host=None, first_part_op: int = 0) -> _Step:
     """AllReduce of the accumulated gradients (gradients.py), clipping and the gradient function
     (gradient_transforms.py), then the optimizer's step on every copy (apply_step.py)."""
-    # The first collective on every device waits for the stale-copy check, so a failing check stops the
-    # step with its own message, not with the collectives it would otherwise cancel mid-flight.
+    # Collectives wait for the stale-copy check (StaleCopyCheck), so a failing check stops the step with its own
+    # message, not with the collectives it would otherwise cancel mid-flight.
     stale_copy_check = copies.stale_copy_check()
+    stale_copy_check.hold_collectives(graph.get_operations()[first_part_op:])
     first_reduce_op = len(graph.get_operations())
     variable_devices = builder.variable_devices() if host is not None and host.per_host else None
     kinds = builder.gradient_kinds() if variable_devices is not None else None

@@ -90,9 +90,30 @@ class VariableCopies:
 
 @dataclasses.dataclass(frozen=True)
 class StaleCopyCheck:
-    """The stale-copy check: `op` the whole check; `by_device` the comparing on each device holding copies."""
+    """The stale-copy check: `op` the whole check; `by_device` the comparing on each device holding copies.
+
+    A TF collective op that has started in a step that fails aborts the process's collectives for good ("Restart
+    your program to reset"), and the step the check fails in is one to come back from (by local_init_op): TF
+    collectives wait for the whole check (`after_all`)."""
     op: tf.Operation
     by_device: Dict[str, tf.Operation]
+    _after_all: Dict[str, tf.Operation] = dataclasses.field(default_factory=dict)
+
+    def after_all(self, device: str) -> tf.Operation:
+        """An operation on `device` that runs once the whole check has (one per device)."""
+        if device not in self._after_all:
+            with tf.device(device), tf.control_dependencies(None), tf.control_dependencies([self.op]):
+                self._after_all[device] = tf.no_op(name="dapple_after_stale_copy_check")
+        return self._after_all[device]
+
+    def hold_collectives(self, operations) -> None:
+        """Makes the TF collective ops among `operations` (the clones' synchronized batch norms, built before the
+        check) wait for the whole check."""
+        if not self.by_device:
+            return
+        for op in operations:
+            if op.type.startswith("Collective"):
+                op._add_control_inputs([self.after_all(op.device)])  # pylint: disable=protected-access
 
 
 def _by_device_pair(pairs: List[Tuple[tf.Variable, tf.Variable]]
