@@ -5,7 +5,7 @@
 
 Prints, per case, whether the two runs are bit-identical, the largest weight difference and each graph's ops.
 A stage's devices are [task, CPU index] pairs (every task has 2 CPU devices). Optional keys: "schedule" ("dapple"), "stage_functions" (false), "steps" (3), "batch" (12), "model"
-("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn; "fused_batch_norm": fused_batch_norm_model_fn; "embedding": embedding_model_fn; "tied_embedding": tied_embedding_model_fn; "script:<idiom>": tests.script_models.model_fn(idiom), the script's own step),
+("skip": tests.toy_models.skip_model_fn; "tied": tied_model_fn; "batch_norm": batch_norm_model_fn; "fused_batch_norm": fused_batch_norm_model_fn; "embedding": embedding_model_fn; "tied_embedding": tied_embedding_model_fn; "time_major": tests.time_major_models.attention_model_fn; "script:<idiom>": tests.script_models.model_fn(idiom), the script's own step),
 "remapping" (true: grappler's remapper on), "clip" (clip_global_norm), "gradient_fn" (true: _normalized),
 "batch_norm" ("per_slice"), "recompute" (None), "arithmetic" (true: grappler's arithmetic optimizer on). Run in
 its own process by tests/test_per_host.py, so that the servers end with it; each per-host graph runs in a thread of this process with a session on its own
@@ -22,7 +22,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 import dapple_tf
 from dapple_tf.cluster.servers import server_config
 from scripts.bench import host_threads
-from tests import script_models, toy_models
+from tests import script_models, time_major_models, toy_models
 
 TIMEOUT_S = 120
 
@@ -34,6 +34,8 @@ def _device(task: int, index: int) -> str:
 def _model_fn(case):
     if case.get("model") in ("embedding", "tied_embedding"):
         return getattr(toy_models, f"{case['model']}_model_fn")
+    if case.get("model") == "time_major":
+        return time_major_models.attention_model_fn
     values = toy_models.initial_values()
     return {"skip": toy_models.skip_model_fn, "tied": toy_models.tied_model_fn,
             "batch_norm": toy_models.batch_norm_model_fn,
@@ -56,7 +58,8 @@ def _build(case, own_task=None):
         batch = script_models.ids_batch if idiom.startswith("sparse") else script_models.batch
         model_fn, optimizer = script_models.model_fn(idiom), None
     else:
-        batch = toy_models.embedding_batch if model.endswith("embedding") else toy_models.batch
+        batch = {"embedding": toy_models.embedding_batch, "tied_embedding": toy_models.embedding_batch,
+                 "time_major": time_major_models.batch}.get(model, toy_models.batch)
         model_fn, optimizer = _model_fn(case), tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
     x, y = tf.nest.map_structure(tf.constant, batch(case.get("batch", 12)))
     plan = dapple_tf.Plan.from_stages(

@@ -23,8 +23,8 @@ def test_cases_are_drawn_the_same_every_time_and_cover_the_grammar():
     cases = [fuzz_grammar.draw(CI_SEED, i) for i in range(CI_CASES)]
     assert cases == [fuzz_grammar.draw(CI_SEED, i) for i in range(CI_CASES)]
     drawn = fuzz_grammar.summary(cases)
-    for feature in ("flat", "image", "tokens", "dapple", "gpipe", "zb-h1", "zb-h2", "dapple-batched-w",
-                    "batch_norm", "attention", "rows", "shape_rows", "skip", "keras_dense"):
+    for feature in ("flat", "image", "tokens", "time_tokens", "dapple", "gpipe", "zb-h1", "zb-h2", "dapple-batched-w",
+                    "batch_norm", "attention", "rows", "time_attention", "shape_rows", "skip", "keras_dense"):
         assert drawn.get(feature, 0) > 0, (feature, drawn)
     assert any(r > 1 for c in cases for _, _, r in c.stages) and any(c.recompute for c in cases)
     assert any(c.stage_functions for c in cases) and any(c.micro_batches > 1 for c in cases)
@@ -47,6 +47,29 @@ def test_bad_seeds_and_impossible_cases_are_named():
     result = run_program("bench.fuzz", f"--case={json.dumps(case)}", timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().endswith("needs 9 devices; the harness has 8"), result.stderr
+
+
+def test_any_seed_draws_data_seeds_numpy_takes():
+    """A date as the seed (20261207 * 7919 + index is past 2**32) folds into numpy's range; the seeds of earlier runs
+    keep their data."""
+    import numpy as np
+
+    assert fuzz_grammar.numpy_seed(11, 5) == 11 * 7919 + 5
+    for seed in (20261207, 2**64 + 3):
+        for index in (0, 11):
+            np.random.RandomState(fuzz_grammar.numpy_seed(seed, index))
+    assert fuzz_grammar.numpy_seed(20261207, 0) != fuzz_grammar.numpy_seed(20261207, 1)
+
+
+def test_the_harness_failing_itself_stops_the_run_unshrunk():
+    """An error in the harness's own part (here: an input kind the data maker does not know) is not the rewrite's:
+    the run stops at that case, says so, and shrinks nothing."""
+    case = json.loads(fuzz_grammar.draw(1, 0).to_json())
+    case["input"] = "no-such-input"
+    result = run_program("bench.fuzz", f"--case={json.dumps(case)}", timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "the harness itself failed" in result.stdout and "stopped: the harness's own part failed" in result.stdout
+    assert "shrunk" not in result.stdout
 
 
 def test_a_failing_run_reports_what_tensorflow_said_not_its_preamble():

@@ -84,6 +84,9 @@ CASES = {
                                         "recompute": True, "arithmetic": False},
     "sync-fused-batch-norm-3-uneven": {"stages": [[0, 4, [[0, 0], [1, 0], [2, 1]]]], "micro_batches": 2, "batch": 14,
                                        "model": "fused_batch_norm", "batch_norm": "sync", "arithmetic": False},
+    # time-major activations [len, batch, d] and a [q, k, batch, 1] mask split along their batch axes between tasks
+    "time-major-hybrid": {"stages": [[0, 2, [[0, 0], [1, 0]]], [3, 4, [[2, 0]]]], "micro_batches": 2,
+                          "model": "time_major"},
 }
 # with grappler's defaults, these cases' graphs get the same fusions both ways (see test_with_grapplers_defaults)
 SAME_FUSIONS = ["straight", "data-parallel", "data-parallel-4-two-rounds", "functions-zb-h1", "tied", "batch-norm-straight", "script-sparse-clip",

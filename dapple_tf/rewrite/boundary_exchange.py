@@ -45,10 +45,14 @@ class BoundaryExchange:
         """A boundary tensor's static shape as the producer replica of `samples` samples makes it, as far as the
         template tells (its rows where they are proven per sample)."""
         shape = ext.tensor.shape
-        k = self.template.rows.rows_per_sample(ext.tensor) if ext.batch_major else None
-        if shape.rank and k is not None:
-            shape = tf.TensorShape([samples * k]).concatenate(shape[1:])
-        return shape
+        if not ext.batch_major or not shape.rank:
+            return shape
+        k = self.template.rows.rows_per_sample(ext.tensor) if ext.batch_axis == 0 else 1
+        if k is None:
+            return shape
+        dims = shape.as_list()
+        dims[ext.batch_axis] = samples * k
+        return tf.TensorShape(dims)
 
     def send_outputs(self, s: int, m: int, i: int, outputs: Dict[str, tf.Tensor]) -> None:
         """Sends clone (s, m, i)'s boundary tensors to the consumer replicas on other tasks that read them."""
@@ -78,7 +82,7 @@ class BoundaryExchange:
                                                                                 self.sizes[c], j):
                     if not self.host.is_local(consumer.stage.devices[jc]):
                         key = host_boundaries.gradient_key(name, (s, j), (c, jc), m)
-                        shape = _piece_shape(output.shape, ext.batch_major, self.sizes[s][j], count)
+                        shape = _piece_shape(output.shape, ext, self.sizes[s][j], count)
                         piece = self.host.receive(key, output.dtype, shape, device)
                         out.setdefault(c, []).append((first_row, jc, piece))
         return out
@@ -99,11 +103,14 @@ class BoundaryExchange:
         return self._extras_received[key]
 
 
-def _piece_shape(shape: tf.TensorShape, batch_major: bool, samples: int, count: int) -> tf.TensorShape:
-    """The static shape of a gradient piece of `count` of the `samples` samples of an output of `shape`."""
-    if not batch_major or count == samples:
+def _piece_shape(shape: tf.TensorShape, ext, samples: int, count: int) -> tf.TensorShape:
+    """The static shape of a gradient piece of `count` of the `samples` samples of an output of `shape` (that the
+    boundary `ext` splits along its batch axis)."""
+    if not ext.batch_major or count == samples:
         return shape
-    rows = tf.compat.dimension_value(shape[0]) if shape.rank else None
+    rows = tf.compat.dimension_value(shape[ext.batch_axis]) if shape.rank else None
     if rows is None:
         return tf.TensorShape(None)
-    return tf.TensorShape([rows // samples * count]).concatenate(shape[1:])
+    dims = shape.as_list()
+    dims[ext.batch_axis] = rows // samples * count
+    return tf.TensorShape(dims)

@@ -4,7 +4,8 @@ The global batch of N samples is cut into M micro-batches of N / M samples; a st
 on r devices cuts each micro-batch into r contiguous slices whose sizes differ by at most one.
 `gather_rows` builds one destination slice from another stage's slices (1:N, N:1, N:M,
 uneven): the concatenation of the overlapping parts of the source slices, on the destination's
-device. Gradients travel back the same way, cut by `overlapping_blocks`.
+device. Gradients travel back the same way, cut by `overlapping_blocks`. Rows are taken along the tensor's batch
+axis (`axis`: batch_axis.py), 0 but for time-major tensors.
 """
 
 from typing import List, Sequence, Tuple
@@ -47,25 +48,31 @@ def _offsets(sizes: Sequence[int]) -> List[int]:
     return offsets
 
 
+def rows(tensor: tf.Tensor, first: int, end: int, axis: int = 0) -> tf.Tensor:
+    """Rows [first, end) of `tensor` along `axis`."""
+    return tensor[(slice(None),) * axis + (slice(first, end),)]
+
+
 def gather_rows(
-    tensors: Sequence[tf.Tensor], src_sizes: Sequence[int], start: int, size: int
+    tensors: Sequence[tf.Tensor], src_sizes: Sequence[int], start: int, size: int, axis: int = 0
 ) -> Tuple[tf.Tensor, ...]:
-    """Rows [start, start + size) of the row blocks `tensors` (of sizes `src_sizes`), as pieces.
+    """Rows [start, start + size) of the row blocks `tensors` (of sizes `src_sizes`, along `axis`), as pieces.
 
     With the consumer's device scope active this is the consumer's side of a split/concat:
-    whole blocks pass through, partial blocks are sliced. Concatenate the pieces along axis 0.
+    whole blocks pass through, partial blocks are sliced. Concatenate the pieces along `axis`.
     """
     end, pieces = start + size, []
     for tensor, s_start, s_size in zip(tensors, _offsets(src_sizes), src_sizes):
         lo, hi = max(start, s_start), min(end, s_start + s_size)
         if lo >= hi:
             continue
-        pieces.append(tensor if (lo, hi) == (s_start, s_start + s_size) else tensor[lo - s_start : hi - s_start])
+        pieces.append(tensor if (lo, hi) == (s_start, s_start + s_size) else rows(tensor, lo - s_start, hi - s_start,
+                                                                                   axis))
     return tuple(pieces)
 
 
-def concat_rows(pieces: Sequence[tf.Tensor]) -> tf.Tensor:
-    return pieces[0] if len(pieces) == 1 else tf.concat(list(pieces), axis=0)
+def concat_rows(pieces: Sequence[tf.Tensor], axis: int = 0) -> tf.Tensor:
+    return pieces[0] if len(pieces) == 1 else tf.concat(list(pieces), axis=axis)
 
 
 def overlapping_blocks(sizes: Sequence[int], start: int, size: int) -> List[Tuple[int, int, int]]:

@@ -114,6 +114,33 @@ def _constant(tensor: tf.Tensor):
     return None if value is None else np.asarray(value)
 
 
+def _strided_slice_axes(op: tf.Operation) -> Optional[Dict[int, int]]:
+    """Input axis -> output axis of a StridedSlice's kept axes (`x[None, :, 0, ..., None]`: new axes inserted,
+    shrunk axes gone, an ellipsis standing for the axes no entry names); None where its spec is not static."""
+    begin, in_rank = _constant(op.inputs[1]), op.inputs[0].shape.rank
+    if begin is None or in_rank is None or begin.ndim != 1:
+        return None
+    ellipsis, new, shrink = (op.get_attr(m) for m in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask"))
+    entries = len(begin)
+    if bin(ellipsis).count("1") > 1 or new & shrink:
+        return None
+    named = sum(1 for i in range(entries) if not (ellipsis >> i & 1 or new >> i & 1))
+    kept, axis, out = {}, 0, 0
+    for i in range(entries):
+        if ellipsis >> i & 1:
+            for _ in range(in_rank - named):
+                kept[axis], axis, out = out, axis + 1, out + 1
+        elif new >> i & 1:
+            out += 1
+        elif shrink >> i & 1:
+            axis += 1
+        else:
+            kept[axis], axis, out = out, axis + 1, out + 1
+    while axis < in_rank:  # the axes after the last entry are kept whole
+        kept[axis], axis, out = out, axis + 1, out + 1
+    return kept
+
+
 class SampleAxes:
     """The sample axes of the tensors of a template graph whose inputs (batch-leading) are `inputs`."""
 
@@ -249,19 +276,32 @@ class SampleAxes:
             return frozenset(j for j, a in enumerate(kept) if a in inner)
         if kind in _SPATIAL:  # convolutions and pools: the samples stay in axis 0 (NHWC and NCHW alike)
             return inner if inner <= {0} and self.of(op.inputs[-1], depth) in (frozenset(), inner) else None
-        if kind in ("Pad", "PadV2", "MirrorPad", "Tile", "Slice", "Reverse", "ReverseV2", "Roll"):
+        if kind == "Tile":
+            return self._tile(op, inner, depth)
+        if kind in ("Pad", "PadV2", "MirrorPad", "Slice", "Reverse", "ReverseV2", "Roll"):
             return inner if all(self.of(t, depth) == frozenset() for t in op.inputs[1:]) else None
         if kind == "StridedSlice":
             if any(self.of(t, depth) != frozenset() for t in op.inputs[1:]):
                 return None
             if not inner:  # slicing a tensor no axis of which indexes the samples (a shape)
                 return frozenset()
-            if op.get_attr("ellipsis_mask") or op.get_attr("new_axis_mask"):
-                return None
-            shrink = op.get_attr("shrink_axis_mask")  # x[:, 0]: those axes go
-            kept = [a for a in range(op.inputs[0].shape.rank) if not shrink >> a & 1]
-            return frozenset(j for j, a in enumerate(kept) if a in inner)
+            kept = _strided_slice_axes(op)
+            return None if kept is None else frozenset(kept[a] for a in inner if a in kept)
         return self._drop_or_add(op, tensor, inner, rank, depth)
+
+    def _tile(self, op: tf.Operation, inner: FrozenSet[int], depth: int) -> Optional[FrozenSet[int]]:
+        """A tile keeps the sample axes; an axis of size 1 tiled to the batch size (`tf.tile(pos[:, None], [1, bsz,
+        1])` with bsz = tf.shape(x)[1]) becomes one: every sample's entry is the same."""
+        multiples = self._evaluate(op.inputs[1], depth) if self.of(op.inputs[1], depth) == frozenset() else None
+        if not isinstance(multiples, list) or op.inputs[0].shape.rank != len(multiples):
+            return None
+        sizes, tiled = op.inputs[0].shape.as_list(), set()
+        for j, m in enumerate(multiples):
+            if m is not None and _SAMPLE in m[1]:
+                if m != (1, (_SAMPLE,)) or sizes[j] != 1:
+                    return None
+                tiled.add(j)
+        return frozenset(inner | tiled)
 
     def _drop_or_add(self, op: tf.Operation, tensor: tf.Tensor, inner: FrozenSet[int], rank: int,
                      depth: int) -> Optional[FrozenSet[int]]:

@@ -2,8 +2,8 @@
 
 Each extra tensor is computed by the clones of the stage that computes it and combined over the
 micro-batches and replicas into one global-batch value:
-- BATCH: a tensor whose leading dimension is the batch (logits, predictions): the clones' rows,
-  concatenated in sample order;
+- BATCH: a tensor with a batch axis (logits, predictions; time-major ones [len, batch, ...] too:
+  batch_axis.py): the clones' rows, concatenated in sample order along it;
 - MEAN: a floating-point scalar that is a mean over the samples (accuracy, a loss term): the clones'
   values weighted by their slice's share of the global batch;
 - FIXED: a tensor that does not depend on the inputs (a weight norm, a learning rate): fetched as it is;
@@ -30,6 +30,7 @@ class ExtraOutput:
     tensor: tf.Tensor  # in the template
     kind: str
     stage: int = -1  # BATCH/MEAN: the stage whose clones compute it
+    axis: int = 0  # BATCH/FIRST: the batch axis
 
 
 def split_model_result(result) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
@@ -54,8 +55,9 @@ def split_model_result(result) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
     return loss, checked
 
 
-def classify(name: str, tensor: tf.Tensor, input_names, batch_dependent) -> ExtraOutput:
-    """The kind of an extra output, from its template tensor; raises for one that cannot be combined."""
+def classify(name: str, tensor: tf.Tensor, input_names, batch_dependent, batch_axis_of=None) -> ExtraOutput:
+    """The kind of an extra output, from its template tensor; raises for one that cannot be combined.
+    batch_axis_of(tensor): the batch axis of a tensor whose first dimension has a static size (None: refused)."""
     if tensor.name in input_names:
         return ExtraOutput(name, tensor, INPUT)
     if tensor.op not in batch_dependent:
@@ -70,6 +72,11 @@ def classify(name: str, tensor: tf.Tensor, input_names, batch_dependent) -> Extr
         return ExtraOutput(name, tensor, MEAN)
     if rank is not None and tf.compat.dimension_value(tensor.shape[0]) is None:
         return ExtraOutput(name, tensor, BATCH)
+    if rank and batch_axis_of is not None:
+        try:
+            return ExtraOutput(name, tensor, BATCH, axis=batch_axis_of(tensor))
+        except DappleError:
+            pass
     raise DappleError(
         f"extra output {name!r} ({tensor.name}) has shape {tensor.shape}: an output computed from the batch must have "
         "the batch as its leading dimension (concatenated over micro-batches) or be a scalar mean over the samples "
@@ -78,10 +85,10 @@ def classify(name: str, tensor: tf.Tensor, input_names, batch_dependent) -> Extr
 
 
 def check_clone_rows(extra: ExtraOutput, clone_tensor: tf.Tensor, rows: int) -> None:
-    if clone_tensor.shape.rank and tf.compat.dimension_value(clone_tensor.shape[0]) not in (None, rows):
+    if clone_tensor.shape.rank and tf.compat.dimension_value(clone_tensor.shape[extra.axis]) not in (None, rows):
         raise DappleError(
-            f"extra output {extra.name!r} ({extra.tensor.name}) has {clone_tensor.shape[0]} rows for a slice of "
-            f"{rows} samples: its leading dimension is not the batch"
+            f"extra output {extra.name!r} ({extra.tensor.name}) has {clone_tensor.shape[extra.axis]} rows for a slice "
+            f"of {rows} samples: its dimension {extra.axis} is not the batch"
         )
 
 
@@ -112,6 +119,6 @@ def combine(
         if extra.kind in (BATCH, FIRST):
             for m, j in order:
                 check_clone_rows(extra, per_clone[(m, j)], sizes[j])
-            return microbatch.concat_rows([per_clone[key] for key in order])
+            return microbatch.concat_rows([per_clone[key] for key in order], extra.axis)
         dtype = extra.tensor.dtype
         return tf.add_n([per_clone[(m, j)] * tf.constant(sizes[j] / global_batch, dtype) for m, j in order])

@@ -22,7 +22,7 @@ from dapple_tf.rewrite import graph_defs as graph_defs_lib, graph_walk
 SHAPE_READING_OPS = ("Shape", "ShapeN", "Size", "Rank")
 
 
-def _is_stateful(op: tf.Operation) -> bool:
+def is_stateful(op: tf.Operation) -> bool:
     try:
         return op.op_def.is_stateful
     except (AttributeError, ValueError):  # an op without a registered definition: assume it has state
@@ -33,7 +33,7 @@ def shape_only_ops(input_ops: Iterable[tf.Operation], batch_dependent: Set[tf.Op
     """Of the ops computed from the inputs (`batch_dependent`), those that depend on them only through the shapes
     of batched tensors: the shape-reading ops and what is computed from their outputs alone, without state."""
     values = graph_walk.descendants(list(input_ops), SHAPE_READING_OPS)
-    stateful = [op for op in batch_dependent - values if _is_stateful(op)]
+    stateful = [op for op in batch_dependent - values if is_stateful(op)]
     values |= graph_walk.descendants(stateful)
     return {op for op in batch_dependent - values}
 

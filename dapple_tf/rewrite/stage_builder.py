@@ -35,7 +35,7 @@ from dapple_tf.rewrite.gradients import GradientAccumulator
 from dapple_tf.rewrite.layout import PipelineLayout
 from dapple_tf.rewrite import weight_batching
 from dapple_tf.rewrite.replicas import VariableCopies
-from dapple_tf.rewrite.template import BOUNDARY, EXTERNAL, INPUT, SHAPE, VARIABLE, Template, leading_dimension
+from dapple_tf.rewrite.template import BOUNDARY, EXTERNAL, INPUT, SHAPE, VARIABLE, Template
 from planner.formats.schedule import BACKWARD, BATCHED_W, FORWARD, Task
 
 
@@ -63,22 +63,32 @@ def _wanted(stage, extras: bool = True) -> List[str]:
     return wanted
 
 
-def _check_rows(name: str, stage: int, producers: List[tf.Tensor], sizes, rows_per_sample: int) -> None:
-    """Each producer replica's clone of `name` must have rows_per_sample rows per sample of its slice."""
+def _dimension(t: tf.Tensor, axis: int):
+    """The static size of `t`'s axis `axis`, None where unknown."""
+    return tf.compat.dimension_value(t.shape[axis]) if t.shape.rank else None
+
+
+def _axis_words(axis: int) -> str:
+    return "its first dimension" if axis == 0 else f"its dimension {axis} (its batch axis)"
+
+
+def _check_rows(name: str, stage: int, producers: List[tf.Tensor], sizes, rows_per_sample: int, axis: int) -> None:
+    """Each producer replica's clone of `name` must have rows_per_sample rows per sample of its slice along `axis`."""
     for i, (t, samples) in enumerate(zip(producers, sizes)):
-        if t is not None and leading_dimension(t) not in (None, samples * rows_per_sample):
+        if t is not None and _dimension(t, axis) not in (None, samples * rows_per_sample):
             raise DappleError(
-                f"{name} leaves stage {stage} and is split by samples, but its first dimension is not the batch: "
+                f"{name} leaves stage {stage} and is split by samples, but {_axis_words(axis)} is not the batch: "
                 f"replica {i}'s slice of {samples} samples makes it {t.shape}; give it a leading batch dimension "
                 "before the stage boundary, or move the boundary"
             )
 
 
-def _checked_rows(name: str, stage: int, t: tf.Tensor, samples: int) -> tf.Tensor:
-    """`t`, once its first dimension is checked to have a row per sample of its slice (when the step runs)."""
+def _checked_rows(name: str, stage: int, t: tf.Tensor, samples: int, axis: int) -> tf.Tensor:
+    """`t`, once its batch axis is checked to have a row per sample of its slice (when the step runs)."""
     check = tf.debugging.assert_equal(
-        tf.shape(t)[0], samples, message=f"{name} leaves stage {stage} and is split by samples, but its first "
-        "dimension is not the batch: give it a leading batch dimension before the stage boundary, or move the boundary")
+        tf.shape(t)[axis], samples, message=f"{name} leaves stage {stage} and is split by samples, but "
+        f"{_axis_words(axis)} is not the batch: give it a leading batch dimension before the stage boundary, or move "
+        "the boundary")
     with tf.control_dependencies([check]):
         return tf.identity(t)
 
@@ -321,25 +331,26 @@ class StageBuilder:
         elif same_samples:  # a producer replica had exactly this slice: its tensor whole, whatever its row layout
             received = producers[same_samples[0]]
         else:
-            k = self._row_blocks(ext, p, producers)
+            k, axis = self._row_blocks(ext, p, producers), ext.batch_axis
             if self._rows_per_sample_unproven.get((p, ext.tensor.name)):
-                producers = [t if t is None else _checked_rows(ext.tensor.name, p, t, n)
+                producers = [t if t is None else _checked_rows(ext.tensor.name, p, t, n, axis)
                              for t, n in zip(producers, self._sizes[p])]
             received = microbatch.concat_rows(
-                microbatch.gather_rows(producers, [n * k for n in self._sizes[p]], start * k, size * k))
+                microbatch.gather_rows(producers, [n * k for n in self._sizes[p]], start * k, size * k, axis), axis)
         # A tensor of this task's own, so that the gradient w.r.t. it covers only this clone's paths
         # (not a path through another boundary tensor the same producer computed from it).
         return tf.identity(received)
 
     def _row_blocks(self, ext, p: int, producers: List[tf.Tensor]) -> int:
-        """Rows per sample of a batch-major boundary tensor cut into row ranges: proven from its ops
-        (sample_rows.py), else one, as its first dimension has as many rows as the slice has samples."""
-        key = (p, ext.tensor.name)
+        """Rows per sample along the batch axis of a boundary tensor cut into row ranges: proven from its ops
+        (sample_rows.py, batch-leading tensors), else one, as its batch axis has as many rows as the slice has
+        samples (checked when the step runs where the clones' shapes do not tell)."""
+        key, axis = (p, ext.tensor.name), ext.batch_axis
         if key not in self._rows_per_sample:
-            k = self.template.rows.rows_per_sample(ext.tensor)
-            _check_rows(ext.tensor.name, p, producers, self._sizes[p], k or 1)
+            k = self.template.rows.rows_per_sample(ext.tensor) if axis == 0 else None
+            _check_rows(ext.tensor.name, p, producers, self._sizes[p], k or 1, axis)
             self._rows_per_sample[key] = k or 1
-            self._rows_per_sample_unproven[key] = k is None and any(leading_dimension(t) is None for t in producers
+            self._rows_per_sample_unproven[key] = k is None and any(_dimension(t, axis) is None for t in producers
                                                                            if t is not None)
         return self._rows_per_sample[key]
 
@@ -576,7 +587,7 @@ class StageBuilder:
         k = self._rows_per_sample.get((p, ext.tensor.name), 1)
         pieces = []
         for i, row, count in host_boundaries.gradient_pieces(ext.batch_major, self._sizes[p], start, sizes[j]):
-            piece = grad if count == sizes[j] else grad[row * k : (row + count) * k]
+            piece = grad if count == sizes[j] else microbatch.rows(grad, row * k, (row + count) * k, ext.batch_axis)
             producer_device = self.template.stages[p].stage.devices[i]
             if not self.host.is_local(producer_device):
                 key = host_boundaries.gradient_key(ext.tensor.name, (p, i), (s, j), m)
@@ -607,11 +618,16 @@ class StageBuilder:
             if (s, name) in self._broadcast_outputs:  # every consumer replica's gradient of the whole tensor
                 sums.append(tf.add_n(pieces))
             else:
-                sums.append(microbatch.concat_rows(pieces))
+                sums.append(microbatch.concat_rows(pieces, self._output_batch_axis(s, name)))
         total = sums[0] if len(sums) == 1 else tf.add_n(sums)
         if self.host.per_host:  # received pieces have no static shape; together they cover the output
             total.set_shape(self.clones[(s, m, j)].outputs[name].shape)
         return total
+
+    def _output_batch_axis(self, s: int, name: str) -> int:
+        """The batch axis of stage s's output `name` as its consumers split it by samples."""
+        return next((e.batch_axis for st in self.template.stages[s + 1:] for e in st.externals
+                     if e.kind == BOUNDARY and e.producer_stage == s and e.tensor.name == name and e.batch_major), 0)
 
     def _uses_functions(self) -> bool:
         """stage_function.use_functions, except that schedule dapple-batched-w stacks weight gradients of clones

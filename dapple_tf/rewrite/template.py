@@ -7,7 +7,11 @@ bodies included) is specialised to one batch size: its clones run on any slice.
 `analyze` finds, from the loss backwards, the operations each stage must run per micro-batch,
 and classifies every tensor a stage consumes from outside itself:
 - INPUT: a global-batch input (features/labels), sliced per micro-batch and replica;
-- BOUNDARY: produced by an earlier stage (batch-major: split/concat; otherwise broadcast);
+- BOUNDARY: produced by an earlier stage (computed from the inputs: split/concat along its batch axis,
+  batch_axis.py; otherwise broadcast); one computed from the inputs alone (a mask, a position encoding made
+  before the first layer) is not sent: each stage reading it computes it again from its own slice of the
+  inputs (`_recomputable_ops`): a few elementwise ops instead of a transfer per micro-batch, and no gradient
+  to send back;
 - VARIABLE: a resource variable handle, mapped to the variable copy on the replica's device;
 - SHAPE: the output of `tf.shape` (`tf.size`, `tf.rank`) of an earlier stage's batched tensor: the stage
   computes it for its own slice size (shape_values.py), and copies into itself the operations of other
@@ -22,7 +26,8 @@ from typing import Dict, List, Mapping, Sequence, Set
 
 import tensorflow as tf
 
-from dapple_tf.rewrite import graph_walk, outputs as outputs_lib, sample_rows, shape_values, v1_control_flow
+from dapple_tf.rewrite import (batch_axis, graph_walk, normalization, outputs as outputs_lib, sample_rows, shape_values,
+                               v1_control_flow)
 from dapple_tf.errors import DappleError, LayerMarkerError
 from dapple_tf.model.layers import LayerRecord
 from dapple_tf.plan import ResolvedStage
@@ -39,7 +44,8 @@ class ExternalTensor:
     tensor: tf.Tensor
     kind: str
     producer_stage: int = -1  # BOUNDARY: the stage that computes it (SHAPE: the stage of the shape's source)
-    batch_major: bool = True  # BOUNDARY/INPUT: first dimension is the batch
+    batch_major: bool = True  # BOUNDARY/INPUT: split by samples (computed from the inputs)
+    batch_axis: int = 0  # BOUNDARY/INPUT, batch_major: the axis that carries the samples
 
 
 @dataclasses.dataclass
@@ -117,6 +123,8 @@ class _Graph:
     input_names: Set[str]
     batch_dependent: Set[tf.Operation]  # ops computed from the inputs
     shape_only: Set[tf.Operation]  # of those, the ones computed from the inputs' shapes alone (shape_values.py)
+    recomputable: Set[tf.Operation]  # ops computed from the inputs and constants alone (_recomputable_ops)
+    sample_axes: normalization.SampleAxes  # the axes of each tensor that index the samples
     handle_names: Dict[str, tf.Variable]  # variable handle tensor name -> variable
 
 
@@ -128,6 +136,7 @@ def _lookups(graph: tf.Graph, inputs: Dict[str, tf.Tensor], layers: Sequence[Lay
             stage_of_layer[index] = stage.index
     input_ops = {graph.get_tensor_by_name(name).op for name in inputs}
     batch_dependent = graph_walk.descendants(list(input_ops))
+    handles = [op for op in graph.get_operations() if op.type in _VARIABLE_OPS]
     return _Graph(
         stage_of_layer=stage_of_layer,
         layer_of_op={op: record.index for record in layers for op in record.ops},
@@ -135,8 +144,19 @@ def _lookups(graph: tf.Graph, inputs: Dict[str, tf.Tensor], layers: Sequence[Lay
         input_names=set(inputs),
         batch_dependent=batch_dependent,
         shape_only=shape_values.shape_only_ops(input_ops, batch_dependent),
+        recomputable=_recomputable_ops(graph, input_ops, handles),
+        sample_axes=normalization.SampleAxes(graph, list(input_ops)),
         handle_names={v.handle.name: v for v in variables if hasattr(v, "handle")},
     )
+
+
+def _recomputable_ops(graph: tf.Graph, input_ops: Set[tf.Operation],
+                      handles: Sequence[tf.Operation]) -> Set[tf.Operation]:
+    """The ops computed from the inputs and constants alone, the same in every stage that runs them: no variable,
+    state (random ops), control flow or control input among their ancestors."""
+    barriers = [op for op in graph.get_operations() if op not in input_ops and (
+        op.control_inputs or shape_values.is_stateful(op) or v1_control_flow.in_control_flow(op))]
+    return set(graph.get_operations()) - graph_walk.descendants(barriers + list(handles)) - input_ops
 
 
 def _check_loss(loss: tf.Tensor, layers: Sequence[LayerRecord], g: _Graph) -> None:
@@ -150,13 +170,14 @@ def _check_loss(loss: tf.Tensor, layers: Sequence[LayerRecord], g: _Graph) -> No
 
 
 def _stage_ops(loss: tf.Tensor, pulled: Sequence[outputs_lib.ExtraOutput], num_stages: int,
-               g: _Graph) -> List[Set[tf.Operation]]:
+               g: _Graph, sending: Set[int] = frozenset()) -> List[Set[tf.Operation]]:
     """Walks back from the loss (data and control inputs): every op the loss needs, stopping at
     inputs, variables, shared resources (lookup tables) and input-independent ops outside the
     layers. Ops outside the layers that read variables are cloned into each stage using them,
     so that every replica reads its own variable copy. The `pulled` extra outputs' ops join the
     stage that pulls them. A later stage using what an earlier stage computes from shapes alone gets its
-    own copy of those ops, down to the shape-reading ops (SHAPE externals)."""
+    own copy of those ops, down to the shape-reading ops (SHAPE externals), and so does one using what an earlier
+    stage (not one of `sending`) computes from the inputs alone (`_recomputed_from_inputs`)."""
     reads_variables = graph_walk.descendants([op for op in loss.graph.get_operations() if op.type in _VARIABLE_OPS])
     stage_ops: List[Set[tf.Operation]] = [set() for _ in range(num_stages)]
     # The loss's walk comes first (on top of the stack): ops outside the layers on its path are errors.
@@ -175,6 +196,8 @@ def _stage_ops(loss: tf.Tensor, pulled: Sequence[outputs_lib.ExtraOutput], num_s
             if op in g.shape_only and s < pulling_stage:
                 if op.type in shape_values.SHAPE_READING_OPS:
                     continue  # SHAPE: the pulling stage reads the shape at its own slice size
+                s = pulling_stage
+            elif s < pulling_stage and s not in sending and _recomputed_from_inputs(op, g):
                 s = pulling_stage
         elif op in g.batch_dependent and for_extra:
             s = pulling_stage
@@ -196,6 +219,21 @@ def _stage_ops(loss: tf.Tensor, pulled: Sequence[outputs_lib.ExtraOutput], num_s
     return stage_ops
 
 
+def _recomputed_from_inputs(op: tf.Operation, g: _Graph) -> bool:
+    """Whether a later stage computes `op` again from its own slice of the inputs rather than receive its outputs: it
+    is computed from the inputs and constants alone, and none of its outputs is a statistic over the batch (which
+    cannot cross a boundary: batch_axis.py)."""
+    if op not in g.recomputable:
+        return False
+    for t in op.outputs:
+        if t.op in g.batch_dependent and t.shape.rank is not None:
+            try:
+                batch_axis.find(t, g.sample_axes, -1, -1)
+            except DappleError:
+                return False
+    return True
+
+
 def _check_control_edges(stage_ops: Sequence[Set[tf.Operation]], stage_of_op: Dict[tf.Operation, int]) -> None:
     for s, ops in enumerate(stage_ops):
         for op in ops:
@@ -214,14 +252,10 @@ def _boundary(op: tf.Operation, t: tf.Tensor, s: int, producer: int, g: _Graph) 
             f"{op.name} in stage {s} consumes {t.name} from the later stage {producer}; "
             "layers must be marked in the order they compute"
         )
-    major = t.op in g.batch_dependent
-    if major and t.shape.rank is not None and (t.shape.rank == 0 or leading_dimension(t) is not None):
-        raise DappleError(
-            f"{t.name} (shape {t.shape}) crosses from stage {producer} to stage {s} and depends on the "
-            "batch, but its first dimension is not the batch (a statistic over the batch, or a "
-            "hard-coded batch size); micro-batches cannot be split there: move the stage boundary"
-        )
-    return ExternalTensor(t, BOUNDARY, producer_stage=producer, batch_major=major)
+    if t.op not in g.batch_dependent:
+        return ExternalTensor(t, BOUNDARY, producer_stage=producer, batch_major=False)
+    return ExternalTensor(t, BOUNDARY, producer_stage=producer,
+                          batch_axis=batch_axis.find(t, g.sample_axes, producer, s))
 
 
 def _externals(s: int, ordered: Sequence[tf.Operation], ops: Set[tf.Operation], stage_of_op: Dict[tf.Operation, int],
@@ -294,13 +328,19 @@ def analyze(
     g = _lookups(loss.graph, inputs, layers, stages, variables)
     _check_loss(loss, layers, g)
     extra_outputs = [
-        outputs_lib.classify(name, t, g.input_names, g.batch_dependent) for name, t in (extras or {}).items()
+        outputs_lib.classify(name, t, g.input_names, g.batch_dependent,
+                             lambda x: batch_axis.find(x, g.sample_axes, -1, -1))
+        for name, t in (extras or {}).items()
     ]
     pulled = [e for e in extra_outputs if e.kind in (outputs_lib.BATCH, outputs_lib.MEAN)]
     for extra in pulled:
         layer = g.layer_of_op.get(extra.tensor.op)
         extra.stage = g.stage_of_layer[layer] if layer is not None else len(stages) - 1
-    templates = _stage_templates(stages, _stage_ops(loss, pulled, len(stages), g), g)
+    stage_ops = _stage_ops(loss, pulled, len(stages), g)
+    emptied = {s for s, ops in enumerate(stage_ops) if not ops}
+    if emptied:  # a stage computing nothing but what later stages compute again: it sends it instead
+        stage_ops = _stage_ops(loss, pulled, len(stages), g, sending=emptied)
+    templates = _stage_templates(stages, stage_ops, g)
     templates[-1].loss = loss
     for extra in pulled:
         templates[extra.stage].extra_outputs.append(extra.tensor)

@@ -38,6 +38,12 @@ def export(ops) -> List[object]:
     return list(found.values())
 
 
+def in_control_flow(op: tf.Operation) -> bool:
+    """Whether `op` runs inside a TF1 while loop or tf.cond (or is one of their Switch, Merge, Enter, Exit ops)."""
+    return _context(op) is not None or op.type in ("Switch", "Merge", "Enter", "Exit", "NextIteration",
+                                                   "RefSwitch", "RefMerge", "RefEnter", "RefExit", "RefNextIteration")
+
+
 def frame_of(op: tf.Operation):
     """The control flow v1 context whose frame runs `op` (None: the step's own frame); an Exit hands its value
     to the frame around its loop."""

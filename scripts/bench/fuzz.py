@@ -120,6 +120,10 @@ def main(argv):
                 if why is None:
                     continue
                 print(f"  {why}", flush=True)
+                if any(r.get("harness") for r in results):  # not the rewrite's failure: nothing to shrink
+                    print(f"  stopped: the harness's own part failed; fix it first (traceback in --json)", flush=True)
+                    failures.append(case)
+                    break
                 smallest = shrink(worker, case, FLAGS.repeat, FLAGS.tolerance, FLAGS.timeout,
                                   lambda text: print(text, flush=True)) if FLAGS.shrink else case
                 failures.append(smallest)

@@ -177,6 +177,11 @@ def _cluster_devices(count: int):
     return devices[:count], [server.target for server in started], started
 
 
+class HarnessError(Exception):
+    """A case failed in the harness's own part (its data or its one-device reference), not in the rewrite: the run
+    stops there instead of shrinking the case (scripts/bench/fuzz.py)."""
+
+
 def perturbed(weights: Dict[str, np.ndarray], seed: int) -> Dict[str, np.ndarray]:
     """`weights` each changed by PERTURBATION of itself, up or down at random."""
     rng = np.random.RandomState(seed)
@@ -200,12 +205,15 @@ def run(case: Case) -> dict:
     started = time.perf_counter()
     config = tf.compat.v1.ConfigProto(device_count={"CPU": NUM_DEVICES})
     config.graph_options.rewrite_options.meta_optimizer_timeout_ms = NO_DEADLINE  # the reference too: load-proof
-    x, y = fuzz_models.batch(case.input, case.batch, case.seed * 7919 + case.index)
-    pipelined_fn = fuzz_models.model_fn(case.layers)
-    initial = _initial(pipelined_fn, x, y, config)
-    reference_fn = fuzz_models.model_fn(case.layers, batch_norm_groups(case))
-    want, want_losses = _train(reference_fn, x, y, initial, _single(config))
-    moved, _ = _train(reference_fn, x, y, perturbed(initial, case.seed), _single(config))
+    try:  # the harness's own part: the data, the weights, the reference on one device
+        x, y = fuzz_models.batch(case.input, case.batch, fuzz_grammar.numpy_seed(case.seed, case.index))
+        pipelined_fn = fuzz_models.model_fn(case.layers)
+        initial = _initial(pipelined_fn, x, y, config)
+        reference_fn = fuzz_models.model_fn(case.layers, batch_norm_groups(case))
+        want, want_losses = _train(reference_fn, x, y, initial, _single(config))
+        moved, _ = _train(reference_fn, x, y, perturbed(initial, fuzz_grammar.numpy_seed(case.seed)), _single(config))
+    except Exception as e:  # pylint: disable=broad-except
+        raise HarnessError(f"{type(e).__name__}: {e}") from e
     per_host = None
     if case.cluster:
         devices, targets, _servers = _cluster_devices(case.devices)

@@ -2,14 +2,18 @@
 of layers and a plan drawn from what the runtime supports, both from one seed, and the smaller cases a failing one
 shrinks to.
 
-A model is a list of layers over one of three inputs: `flat` ([batch, 12] floats), `image` ([batch, 6, 6, 3]) or
-`tokens` ([batch, 5] ids). Layer kinds, by the rank they work on (fuzz_models.py builds them):
+A model is a list of layers over one of four inputs: `flat` ([batch, 12] floats), `image` ([batch, 6, 6, 3]),
+`tokens` ([batch, 5] ids) or `time_tokens` (the same ids, the model time-major). Layer kinds, by the rank they work on (fuzz_models.py builds them):
 - flat: dense, layer_norm, batch_norm (tf.nn.moments over the batch, moving statistics in UPDATE_OPS),
   keras_dense, skip (adds an earlier flat output of the same width), shape_rows (reshapes with the batch size the
   first layer read from tf.shape, to [batch * 2, width / 2] and back);
 - image: conv, batch_norm4d (a training-mode fused batch norm), then flatten;
 - tokens: embedding, attention (one head, masked by id != 0), rows (a dense layer on [batch * seq, width] rows,
-  which it leaves in that shape: 5 rows a sample cross the next boundary), then mean over the sequence.
+  which it leaves in that shape: 5 rows a sample cross the next boundary), then mean over the sequence;
+- time_tokens: time_embedding (the ids transposed, looked up: [seq, batch, width]), time_attention (einsums over
+  [seq, batch, width], masked by a [q, k, batch] mask made from the ids), then time_pool (mean over the sequence):
+  what crosses a boundary before the pool has its batch on axis 1. Half the token cases are drawn time-major (a
+  draw of its own, so the other cases of a seed stay what they were).
 Every model ends with a `head` layer (dense to 3 classes, softmax cross-entropy).
 
 A plan cuts the layers into 1-4 stages, replicates each on 1-3 devices (at most 8 in all), picks M (1-8, each
@@ -39,7 +43,7 @@ class CaseError(ValueError):
 class Case:
     seed: int
     index: int
-    input: str  # flat, image or tokens
+    input: str  # flat, image, tokens or time_tokens
     layers: Tuple[str, ...]  # kinds, in order; the last is "head"
     batch: int
     stages: Tuple[Tuple[int, int, int], ...]  # (first layer, last layer, replicas)
@@ -104,6 +108,16 @@ def parse_seed(text: str) -> int:
     return seed
 
 
+def numpy_seed(*parts: int) -> int:
+    """A seed for numpy's RandomState (0 <= seed < 2**32) from any non-negative integers: the parts mixed as before
+    (seed * 7919 + index), folded into numpy's range, so a seed like a date (20261207) or any larger one works; the
+    seeds of every earlier run are unchanged."""
+    mixed = 0
+    for part in parts:
+        mixed = mixed * 7919 + part
+    return mixed % 2**32
+
+
 def _layers(rng: random.Random, kind: str) -> List[str]:
     if kind == "image":
         body = [rng.choice(IMAGE_KINDS) for _ in range(rng.randint(1, 3))]
@@ -111,6 +125,10 @@ def _layers(rng: random.Random, kind: str) -> List[str]:
     if kind == "tokens":
         return ["embedding"] + [rng.choice(TOKEN_KINDS) for _ in range(rng.randint(1, 3))] + ["pool"]
     return ["dense"] + [rng.choice(FLAT_KINDS) for _ in range(rng.randint(1, 5))]
+
+
+_TIME_MAJOR = {"embedding": "time_embedding", "attention": "time_attention", "rows": "time_attention",
+               "pool": "time_pool"}
 
 
 def _divisors(n: int) -> List[int]:
@@ -122,6 +140,8 @@ def draw(seed: int, index: int, cluster_share: float = 0.1) -> Case:
     rng = random.Random(f"{seed}/{index}")
     kind = rng.choice(("flat", "flat", "image", "tokens"))
     layers = _layers(rng, kind) + ["head"]
+    if kind == "tokens" and random.Random(f"{seed}/{index}/time-major").random() < 0.5:
+        kind, layers = "time_tokens", [_TIME_MAJOR.get(layer, layer) for layer in layers]
     num_stages = rng.randint(1, min(4, len(layers)))
     cuts = sorted(rng.sample(range(1, len(layers)), num_stages - 1))
     bounds = list(zip([0] + cuts, [c - 1 for c in cuts] + [len(layers) - 1]))
@@ -181,7 +201,7 @@ def smaller(case: Case) -> Iterator[Case]:
         merged = case.stages[:s] + ((a, b, max(n, m)),) + case.stages[s + 2:]
         candidates.append(r(case, stages=merged, recompute=tuple(x - (x > s) for x in case.recompute if x != s + 1)))
     for i, kind in enumerate(case.layers[:-1]):  # a layer dropped (not the input's first, nor a shape change)
-        if i == 0 or kind in ("flatten", "pool", "embedding"):
+        if i == 0 or kind in ("flatten", "pool", "embedding", "time_embedding", "time_pool"):
             continue
         layers = case.layers[:i] + case.layers[i + 1:]
         stages = tuple((a - (a > i), b - (b >= i), n) for a, b, n in case.stages if not (a == b == i))

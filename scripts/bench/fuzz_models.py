@@ -28,11 +28,13 @@ def batch(kind: str, size: int, seed: int):
     labels = rng.randint(0, CLASSES, size).astype(np.int32)
     if kind == "image":
         return rng.randn(size, *IMAGE).astype(np.float32), labels
-    if kind == "tokens":
+    if kind in ("tokens", "time_tokens"):
         ids = rng.randint(1, VOCAB, (size, SEQ)).astype(np.int32)
         ids[:, -1] *= rng.randint(0, 2, size)  # some padding (id 0), masked out of attention
         return ids, labels
-    return rng.randn(size, WIDTH).astype(np.float32), labels
+    if kind == "flat":
+        return rng.randn(size, WIDTH).astype(np.float32), labels
+    raise ValueError(f"unknown input kind {kind!r}: flat, image, tokens or time_tokens")
 
 
 def _init(seed: int):
@@ -85,6 +87,20 @@ def _attention(x, ids, seed: int):
     return x + tf.matmul(tf.nn.softmax(scores), v)
 
 
+def _time_attention(x, ids, seed: int):
+    """_attention on time-major [seq, batch, width] activations, as TF1 Transformer-XL code writes it."""
+    with v1.variable_scope("q"):
+        q = _dense(tf.reshape(x, [-1, WIDTH]), WIDTH, seed, None)
+    with v1.variable_scope("k"):
+        k = _dense(tf.reshape(x, [-1, WIDTH]), WIDTH, seed + 1, None)
+    with v1.variable_scope("v"):
+        v = _dense(tf.reshape(x, [-1, WIDTH]), WIDTH, seed + 2, None)
+    q, k, v = (tf.reshape(t, [SEQ, -1, WIDTH]) for t in (q, k, v))
+    padding = 1.0 - tf.cast(tf.not_equal(tf.transpose(ids), 0), tf.float32)  # [k, batch]
+    scores = tf.einsum("ibd,jbd->ijb", q, k) / np.sqrt(WIDTH) + padding[None] * -1e4  # [q, k, batch]
+    return x + tf.einsum("ijb,jbd->ibd", tf.nn.softmax(scores, axis=1), v)
+
+
 def model_fn(layers: Sequence[str], groups: Optional[Dict[int, np.ndarray]] = None):
     """model_fn(features, labels) -> mean loss of the layers; `groups`: the reference's batch-norm groups."""
     groups = groups or {}
@@ -122,6 +138,13 @@ def model_fn(layers: Sequence[str], groups: Optional[Dict[int, np.ndarray]] = No
                 elif kind == "embedding":
                     table = v1.get_variable("table", [VOCAB, WIDTH], initializer=_init(seed))
                     x = tf.gather(table, features)
+                elif kind == "time_embedding":
+                    table = v1.get_variable("table", [VOCAB, WIDTH], initializer=_init(seed))
+                    x = tf.gather(table, tf.transpose(features))  # [seq, batch, width]
+                elif kind == "time_attention":
+                    x = _time_attention(tf.reshape(x, [SEQ, -1, WIDTH]), ids, seed)
+                elif kind == "time_pool":
+                    x = tf.reduce_mean(x, axis=0)
                 elif kind == "attention":
                     x = _attention(tf.reshape(x, [-1, SEQ, WIDTH]), ids, seed)
                 elif kind == "rows":  # [batch * seq, width]: what crosses the next boundary has 5 rows a sample
@@ -134,7 +157,7 @@ def model_fn(layers: Sequence[str], groups: Optional[Dict[int, np.ndarray]] = No
                                                                                          logits=logits))
                 else:
                     raise ValueError(f"unknown layer kind {kind!r}")
-                if kind in ("dense", "flatten", "pool"):  # [batch, width]: what skip layers add
+                if kind in ("dense", "flatten", "pool", "time_pool"):  # [batch, width]: what skip layers add
                     flat_outputs.append(x)
         raise ValueError("the layers end without a head")
 

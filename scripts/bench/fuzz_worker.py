@@ -31,6 +31,9 @@ def main() -> int:
     for line in sys.stdin:
         try:
             result = fuzz_case.run(fuzz_grammar.Case.from_json(line))
+        except fuzz_case.HarnessError as e:  # the harness's own fault: the run stops (fuzz.py)
+            result = {"error": f"the harness itself failed: {error_line(e)}"[:500], "harness": True,
+                      "traceback": traceback.format_exc()[-3000:]}
         except Exception as e:  # pylint: disable=broad-except  # the harness reports it as the case's failure
             result = {"error": f"{type(e).__name__}: {error_line(e)}"[:500],
                       "traceback": traceback.format_exc()[-3000:]}
