@@ -11,6 +11,8 @@ PYTEST_ARGS ?=
 # Tests run in 2 worker processes (pytest-xdist), a file per worker at a time (module fixtures built once).
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadfile
+# The slowest tests, printed at the end of every run, so that the next slow file shows itself.
+PYTEST_DURATIONS ?= --durations=25 --durations-min=10
 
 .PHONY: demo test test-latest test-long env env-latest protos check-protos clean-env
 
@@ -40,14 +42,14 @@ demo: $(VENV)/.core
 	$(VENV)/bin/dapple_demo
 
 test: $(VENV)/.horovod
-	$(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not long" tests $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not long" tests $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 
 test-latest: $(VENV_LATEST)/.core
-	$(VENV_LATEST)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not primary_only and not long" tests $(PYTEST_ARGS)
+	$(VENV_LATEST)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not primary_only and not long" tests $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 
 # The long cases CI leaves out (pytest.ini's `long` marker), primary environment.
 test-long: $(VENV)/.horovod
-	$(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m long tests $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m long tests $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 
 protos: $(VENV)/.core
 	$(VENV)/bin/python scripts/gen_protos.py

@@ -13,6 +13,9 @@ averages assigned in UPDATE_OPS, as slim writes batch norm); the idioms:
 - adam:       AdamOptimizer's minimize (not in IDIOMS: tests/test_per_host.py trains it per host)
 And the same for gathered rows (an embedding table): sparse_clip (tf.gradients + clip_by_global_norm + Adam),
 sparse_unscale (loss scaled by 8, rows divided back, then clipped), sparse_clip_norm (clip_by_norm per gradient).
+Mixed precision as TF1 scripts write it (MIXED_IDIOMS, `mixed_model_fn`): float32 variables read in float16 or
+bfloat16 through a custom getter (TF1's official ResNet's _custom_dtype_getter), logits cast back to float32 for the
+loss, the loss scaled before differentiating and the gradients unscaled before Momentum's apply_gradients.
 """
 
 import collections
@@ -26,6 +29,25 @@ v1 = tf.compat.v1
 Spec = collections.namedtuple("Spec", ["loss", "train_op"])  # what an EstimatorSpec holds that training reads
 IDIOMS = ("group", "control", "group_more", "scaled", "bert", "ema")
 SPARSE_IDIOMS = ("sparse_clip", "sparse_unscale", "sparse_clip_norm")
+LOSS_SCALE = 1000.0  # not a power of two: scaling rounds, in bfloat16 too
+SMALL = 2.0 ** -14  # a loss weight that leaves float16 gradients below its normal range unless the loss is scaled
+# idiom -> (compute dtype, scaling, initial loss scale); scaling:
+# - fixed:    compute_gradients(loss * s), each gradient / s (the official ResNet's loss_scale)
+# - wrapper:  its minimize through tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, s)
+# - dynamic:  the same with a DynamicLossScale doubling every step; from 2**20 float16 overflows: the first steps
+#             are skipped and the scale halved
+# - variable: the script's own loss-scale variable, doubled after every apply_gradients
+# - rewrite:  tf.compat.v1.mixed_precision.enable_mixed_precision_graph_rewrite (dynamic; it turns grappler's
+#             float16 rewrite on for every later session of the process: disable it after)
+# "small": the loss weighted by SMALL (the learning rate divided by it) and scaled by 2**16, fixed
+MIXED_IDIOMS = {
+    "fp16_fixed": (tf.float16, "fixed", LOSS_SCALE), "bf16_fixed": (tf.bfloat16, "fixed", LOSS_SCALE),
+    "fp32_fixed": (tf.float32, "fixed", LOSS_SCALE), "fp16_dynamic": (tf.float16, "dynamic", LOSS_SCALE),
+    "bf16_dynamic": (tf.bfloat16, "dynamic", LOSS_SCALE), "fp32_dynamic": (tf.float32, "dynamic", LOSS_SCALE),
+    "fp16_overflow": (tf.float16, "dynamic", 2.0 ** 20), "fp16_variable": (tf.float16, "variable", LOSS_SCALE),
+    "bf16_variable": (tf.bfloat16, "variable", LOSS_SCALE), "fp32_variable": (tf.float32, "variable", LOSS_SCALE),
+    "fp16_wrapper": (tf.float16, "wrapper", LOSS_SCALE), "rewrite": (tf.float32, "rewrite", LOSS_SCALE),
+    "fp16_small": (tf.float16, "fixed", 2.0 ** 16, SMALL), "fp32_small": (tf.float32, "fixed", 2.0 ** 16, SMALL)}
 IN, HIDDEN, CLASSES, VOCAB = 6, 8, 3, 12
 _CPU = "/device:CPU:{}".format
 # (stages, M, build_pipeline options): BN models at M=1 (each micro-batch would be batch norm's batch), statistics
@@ -86,8 +108,59 @@ def _unscaled(grad, scale):
     return grad / scale
 
 
+def cast_getter(getter, name, shape=None, dtype=None, *args, **kwargs):
+    """A custom getter as TF1's official ResNet writes it (_custom_dtype_getter): a variable asked for in a
+    low-precision dtype is made in float32 and read through a cast."""
+    if dtype in (tf.float16, tf.bfloat16):
+        return tf.cast(getter(name, shape, tf.float32, *args, **kwargs), dtype, name=f"{name}_cast")
+    return getter(name, shape, dtype, *args, **kwargs)
+
+
+def mixed_loss(features, labels, dtype, weight=1.0):
+    """The dense model computed in `dtype` from float32 variables; the loss in float32, times `weight`."""
+    with v1.variable_scope("model", custom_getter=cast_getter):
+        with dapple_tf.layer("in"):
+            h = tf.tanh(tf.matmul(tf.cast(features, dtype), v1.get_variable("w_in", [IN, HIDDEN], dtype)) +
+                        v1.get_variable("b_in", [HIDDEN], dtype, initializer=v1.constant_initializer(0.1)))
+        with dapple_tf.layer("mid"):
+            h = tf.tanh(tf.matmul(h, v1.get_variable("w_mid", [HIDDEN, HIDDEN], dtype)))
+        with dapple_tf.layer("head"):
+            logits = tf.cast(tf.matmul(h, v1.get_variable("w_out", [HIDDEN, CLASSES], dtype)), tf.float32)
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)) * weight
+
+
+def mixed_model_fn(dtype, scaling: str, scale: float, weight: float = 1.0):
+    """The model_fn of a MIXED_IDIOMS entry (see there); the loss times `weight`, the learning rate divided by it."""
+
+    def fn(features, labels):
+        loss = mixed_loss(features, labels, dtype, weight)
+        global_step = v1.train.get_or_create_global_step()
+        optimizer = v1.train.MomentumOptimizer(0.1 / weight, 0.9)
+        if scaling in ("wrapper", "dynamic"):
+            loss_scale = v1.mixed_precision.DynamicLossScale(initial_loss_scale=scale, increment_period=1) \
+                if scaling == "dynamic" else scale
+            optimizer = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, loss_scale)
+            return Spec(loss, optimizer.minimize(loss, global_step))
+        if scaling == "rewrite":
+            optimizer = v1.mixed_precision.enable_mixed_precision_graph_rewrite(optimizer)
+            return Spec(loss, optimizer.minimize(loss, global_step))
+        loss_scale = scale if scaling == "fixed" else v1.get_variable("loss_scale", initializer=scale,
+                                                                      trainable=False)
+        pairs = [(g / loss_scale, v) for g, v in optimizer.compute_gradients(loss * loss_scale)]
+        train_op = optimizer.apply_gradients(pairs, global_step)
+        if scaling == "variable":
+            with tf.control_dependencies([train_op]):
+                train_op = loss_scale.assign(loss_scale * 2.0).op
+        return Spec(loss, train_op)
+
+    return fn
+
+
 def model_fn(idiom: str, bn: bool = False):
-    """The model_fn of `idiom` (IDIOMS on the dense model, SPARSE_IDIOMS on the embedding model)."""
+    """The model_fn of `idiom` (IDIOMS on the dense model, SPARSE_IDIOMS on the embedding model, MIXED_IDIOMS in
+    mixed precision)."""
+    if idiom in MIXED_IDIOMS:
+        return mixed_model_fn(*MIXED_IDIOMS[idiom])
 
     def fn(features, labels):
         sparse = idiom.startswith("sparse")

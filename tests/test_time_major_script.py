@@ -99,3 +99,46 @@ def test_time_major_script_trains_as_on_one_device(name):
     assert int(got["global_step"]) == STEPS
     # the decay reached the layers: the first layer moved less than without it would have
     assert not np.array_equal(got["model/layer_0/q"], initial["model/layer_0/q"])
+
+
+@pytest.fixture
+def control_flow_v1():
+    """TF1 control flow (what disable_v2_behavior gives TF1 scripts) for this test only."""
+    from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
+
+    before = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    yield
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = before
+
+
+def rnn_model_fn(features, labels):
+    """A GNMT-style time-major dynamic_rnn whose input is the embedding layer's output: with TF1 control flow its
+    TensorArray is written next to that input and read in the loop (template_devices.py)."""
+    with v1.variable_scope("embed"):
+        table = v1.get_variable("table", [VOCAB, DIM], initializer=v1.glorot_uniform_initializer(seed=1))
+        inputs = tf.nn.embedding_lookup(table, tf.transpose(features["ids"], [1, 0]))  # [len, batch, dim]
+    with v1.variable_scope("rnn"):
+        cell = v1.nn.rnn_cell.BasicRNNCell(DIM) if hasattr(v1.nn, "rnn_cell") else None
+        lengths = tf.reduce_sum(features["mask"], axis=1)
+        outputs, _ = v1.nn.dynamic_rnn(cell, inputs, sequence_length=lengths, time_major=True, dtype=tf.float32)
+    with v1.variable_scope("head"):
+        logits = tf.matmul(outputs[-1], v1.get_variable("out", [DIM, CLASSES]))
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    tvars = v1.trainable_variables()
+    grads = v1.gradients(loss, tvars, colocate_gradients_with_ops=True)
+    return Spec(loss, v1.train.GradientDescentOptimizer(0.5).apply_gradients(zip(grads, tvars)))
+
+
+@pytest.mark.skipif(not hasattr(v1.nn, "rnn_cell"), reason="tf.compat.v1.nn.rnn_cell is gone with Keras 3")
+@pytest.mark.parametrize("stages", [[(0, 0, [cpu(0)]), (1, 2, [cpu(1)])], [(0, 0, [cpu(0), cpu(1)]), (1, 2, [cpu(2)])]],
+                         ids=["straight", "2:1"])
+def test_dynamic_rnn_fed_by_an_earlier_stage(control_flow_v1, stages):
+    """The loop's TensorArray spans the embedding's stage and the loop's in the template; the session refused it
+    ('Cannot colocate nodes ... incompatible ids') until the template's placement put each TensorArray on one device."""
+    x, y = batch()
+    initial = initial_values(rnn_model_fn, x, y)
+    want, _ = train_one_device(rnn_model_fn, x, y, STEPS, initial)
+    plan = dapple_tf.Plan.from_stages(stages, num_micro_batches=2)
+    got, _ = train_pipelined(rnn_model_fn, x, y, plan, STEPS, initial, layers=dapple_tf.layers_by_scope(depth=1))
+    assert largest_difference(want, got) < 1e-5

@@ -4,8 +4,9 @@ one the pipeline can run for it.
 From the calls training_calls.py observed while model_fn built the template, `of` finds:
 - the one `apply_gradients` call (from `minimize` or the script) and its optimizer and global step;
 - the one tf.gradients call its gradients come from, which must differentiate the loss model_fn returns, or that
-  loss times or divided by a constant (loss scaling): the pipeline computes the loss's gradients and scales them
-  the same way;
+  loss times or divided by factors that do not read the batch (loss scaling: constants, a loss-scale variable):
+  the pipeline differentiates each micro-batch's loss with those factors in its seed, as the script's tf.gradients
+  does (gradient_replay.loss_seed), so a float16 backward rounds as the script's;
 - what the script computes between those gradients and apply_gradients (clipping, unscaling, filtering variables,
   per-gradient transforms): a subgraph `T` that must read nothing of the batch but the gradients. The pipeline
   replays T once per step on its accumulated, all-reduced gradients (gradient_replay.py).
@@ -60,7 +61,7 @@ class GradientFlow:
     substitutes: Dict[str, Substitute]  # tensor name -> reduction of gathered rows
     externals: Dict[str, tf.Tensor]  # tensors T reads that do not depend on the batch
     finals: List[Tuple[object, tf.Variable]]  # (gradient as apply_gradients got it, variable), in its order
-    loss_factors: List[Tuple[str, tf.Tensor]]  # ("mul" | "div", factor): differentiated = loss (*|/) factors
+    loss_factors: List[Tuple[str, tf.Tensor]]  # ("mul" | "div", factor), the last applied first
     sparse_variables: Set[tf.Variable]  # variables whose raw gradient is IndexedSlices
 
 
@@ -115,7 +116,8 @@ def _is_scalar(t: tf.Tensor) -> bool:
 
 def loss_factors(differentiated: tf.Tensor, loss: tf.Tensor, batch_dependent: Set[tf.Operation],
                  where: str) -> List[Tuple[str, tf.Tensor]]:
-    """The factors with which `differentiated` = `loss` * or / factors (each independent of the batch)."""
+    """The factors with which `differentiated` = `loss` * or / factors (each independent of the batch), the last
+    applied first."""
     target, t, factors = _strip_identity(loss), _strip_identity(differentiated), []
     while t is not target:
         op = t.op

@@ -1,18 +1,21 @@
 """A script's own gradient transform, replayed once per step on the pipeline's full-batch gradients.
 
 script_training.GradientFlow says what the script computes between its tf.gradients results and apply_gradients
-(T: clipping, unscaling, filtering, ...). `replay` imports T once, its inputs mapped:
+(T: clipping, unscaling, filtering, ...). The factors the script scaled its loss by before differentiating (loss
+scaling) are in each clone's loss gradient already: `loss_seed` is the seed the pipeline differentiates each clone's
+loss with, so its backward computes on values as large as the script's (in float16 the small ones would round or
+underflow otherwise). `replay` imports T once, its inputs mapped:
 - each raw gradient component -> the pipeline's gradient of the same variable (accumulated over micro-batches,
-  all-reduced), multiplied or divided by the constants the script scaled its loss by before differentiating;
+  all-reduced);
 - each sum of squares of a gathered-rows gradient -> the pipeline's per-lookup sum of squares (the accumulator
-  keeps it: gradients.GradientAccumulator(square_sparse=True)), scaled the same way;
-- everything else T reads (constants, variables, the global step, the learning rate) -> itself.
+  keeps it: gradients.GradientAccumulator(square_sparse=True)), times the factors T scaled the rows by first;
+- everything else T reads (constants, variables, the loss scale, the global step, the learning rate) -> itself.
 Each imported operation runs on the device of its largest input (a gradient's device for per-gradient work; the
 few scalars of a global norm gather where the first of them is), so T moves no gradient between devices.
 A per-host graph replays T on the loss's task from every task's gradients (host_transform.py).
 """
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -23,34 +26,36 @@ from dapple_tf.rewrite import graph_defs, host_part, task_sums
 Pairs = List[Tuple[object, tf.Variable]]
 
 
-def _scale(flow: st.GradientFlow, tensor: tf.Tensor, power: int = 1) -> tf.Tensor:
-    """`tensor` times the factor the script's loss carried (to the `power`), on the tensor's device."""
-    if not flow.loss_factors:
-        return tensor
-    with tf.device(tensor.device):
-        for kind, factor in flow.loss_factors:
-            factor = tf.cast(factor, tensor.dtype)
-            for _ in range(power):
-                tensor = tensor * factor if kind == "mul" else tensor / factor
-        return tensor
+def loss_seed(factors: Sequence[Tuple[str, tf.Tensor]], loss_weight: float, dtype: tf.DType) -> tf.Tensor:
+    """The gradient a clone's loss is differentiated with: its share n_mj / N of the batch times the gradient of what
+    the script differentiated with respect to its loss (script_training.loss_factors: loss * s -> s, loss / s ->
+    1 / s), computed as the script's tf.gradients computes it, from 1 through the outermost factor first, in the
+    loss's dtype (a factor of one element: a scalar)."""
+    if not factors:
+        return tf.constant(loss_weight, dtype=dtype)
+    seed = tf.ones([], dtype)
+    for kind, factor in factors:
+        factor = tf.reshape(tf.cast(factor, dtype), [])
+        seed = seed * factor if kind == "mul" else seed / factor
+    return seed if loss_weight == 1 else seed * tf.constant(loss_weight, dtype=dtype)
 
 
-def component(grad, role: str, dtype: tf.DType, flow: st.GradientFlow) -> tf.Tensor:
+def component(grad, role: str, dtype: tf.DType) -> tf.Tensor:
     """The pipeline's counterpart of one component of a raw gradient."""
     sparse = isinstance(grad, tf.IndexedSlices)
     if role == st.DENSE:
-        return _scale(flow, tf.convert_to_tensor(grad) if sparse else grad)
+        return tf.convert_to_tensor(grad) if sparse else grad
     device = grad.values.device if sparse else grad.device
     with tf.device(device):
         if role == st.VALUES:
-            return _scale(flow, grad.values if sparse else grad)
+            return grad.values if sparse else grad
         if role == st.INDICES:
             return tf.cast(grad.indices, dtype) if sparse else tf.range(tf.shape(grad)[0], dtype=dtype)
         return tf.cast(grad.dense_shape, dtype) if sparse else tf.shape(grad, out_type=dtype)
 
 
-def substitute(sub: st.Substitute, squares: Dict[str, tf.Tensor], flow: st.GradientFlow, device: str,
-               plan_devices=(), host=None, key: Callable[[str], str] = str) -> Optional[tf.Tensor]:
+def substitute(sub: st.Substitute, squares: Dict[str, tf.Tensor], device: str, plan_devices=(), host=None,
+               key: Callable[[str], str] = str) -> Optional[tf.Tensor]:
     """The value of a Substitute on `device`, from the per-lookup squares of its variable's gathered rows (device ->
     sum of squares), summed per task, then over the plan's tasks (task_sums.py). In a per-host graph another task's
     sums come through queues `key(task)`: None but on `device`'s task."""
@@ -59,7 +64,7 @@ def substitute(sub: st.Substitute, squares: Dict[str, tf.Tensor], flow: st.Gradi
     if total is None:
         return None
     with tf.device(device):
-        total = _scale(flow, tf.cast(total, sub.variable.dtype.base_dtype), power=2)
+        total = tf.cast(total, sub.variable.dtype.base_dtype)
         for kind, factor in sub.factors:
             factor = tf.cast(factor, total.dtype)
             total = total * factor * factor if kind == "mul" else total / factor / factor
@@ -95,11 +100,11 @@ def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, default
         if id(source.variable) not in grad_of:
             raise DappleError(f"the pipeline computed no gradient for {source.variable.op.name}, which the script "
                               "applies")
-        input_map[name] = component(grad_of[id(source.variable)], source.role, source_dtype(name), flow)
+        input_map[name] = component(grad_of[id(source.variable)], source.role, source_dtype(name))
     for name, sub in flow.substitutes.items():
         squares = sparse_squares.get(sub.variable, {})
         check_squares(sub, squares)
-        input_map[name] = substitute(sub, squares, flow, default_device)
+        input_map[name] = substitute(sub, squares, default_device)
     return transformed(flow, input_map, default_device)
 
 

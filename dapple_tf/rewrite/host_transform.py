@@ -57,7 +57,7 @@ def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, norm_de
         variable, grad = source.variable, grad_of.get(id(source.variable))
         dtype = gradient_replay.source_dtype(name)
         if grad is not None and cluster.counted(variable, _device(grad)):
-            value = gradient_replay.component(grad, source.role, dtype, flow)
+            value = gradient_replay.component(grad, source.role, dtype)
             if here:
                 input_map[name] = value
             else:
@@ -72,7 +72,7 @@ def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, norm_de
         squares = sparse_squares.get(sub.variable, {})
         if id(sub.variable) in grad_of:
             gradient_replay.check_squares(sub, squares)
-        value = gradient_replay.substitute(sub, squares, flow, norm_device, cluster.plan_devices, host,
+        value = gradient_replay.substitute(sub, squares, norm_device, cluster.plan_devices, host,
                                            key=lambda task, n=name: _key("squares", n, task))
         if here:
             input_map[name] = value

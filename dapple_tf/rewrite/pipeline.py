@@ -23,9 +23,9 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.eager import context
 
-from dapple_tf.rewrite import (apply_step, batch_norm as batch_norm_lib, collectives, gradient_transforms, gradients,
-                               graph_walk, host_graph, host_part, outputs as outputs_lib, random_ops, stage_function, summaries,
-                               template as template_lib)
+from dapple_tf.rewrite import (batch_norm as batch_norm_lib, collectives, gradient_transforms, gradients, graph_walk,
+                               host_graph, host_part, loss_scaling, outputs as outputs_lib, random_ops, stage_function,
+                               summaries, template as template_lib, template_devices)
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model import minimize as minimize_lib, training_calls
 from dapple_tf.model.model_training import ModelTraining
@@ -184,6 +184,7 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
     random_ops.warn_per_slice(template.stages, layout)
     host = host_part.host_part(options.own_task, plan.devices)
     host_part.check_supported(host, options)
+    loss_scaling.check_dynamic_scale_per_host(host, optimizer, model_train)
     trainable = set(model_train.script.variables) if model_train.script else set(tf.compat.v1.trainable_variables())
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
@@ -196,7 +197,8 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
                            sync_statistics=updates.synchronized,
                            input_gradients_first=options.input_gradients_first,
                            square_sparse=options.clip_global_norm is not None or bool(
-                               model_train.script and model_train.script.flow.substitutes), host=host)
+                               model_train.script and model_train.script.flow.substitutes), host=host,
+                           loss_seed=loss_scaling.loss_seed(model_train))
     builder.build_forward()
     builder.build_backward()
     builder.chain()
@@ -233,6 +235,7 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
         ready_for_local_init_op=ready,
         tasks=_tasks_used(host.task, graph) if host.per_host else (),
     ), first_part_op
+
 
 
 def _combined_once(builder, updates, model_summaries, device: str, host):
@@ -290,6 +293,7 @@ def _trace_template(graph: tf.Graph, model_fn, features, labels, plan: Plan, lay
     if not loss.dtype.is_floating:
         raise DappleError(f"model_fn must return a floating-point loss, got {loss.dtype.name} {loss.name}")
     created = set(graph.get_operations()[first_model_op:])
+    template_devices.unify(graph.get_operations()[first_model_op:])
     stages = plan.resolve(recorder.names)
     variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
     batch_dependent = graph_walk.descendants([graph.get_tensor_by_name(p).op for p in inputs])
@@ -309,6 +313,7 @@ def _training(model_train: ModelTraining, optimizer, options: PipelineOptions, g
         if optimizer is None:
             raise DappleError("build_pipeline got no optimizer (None) and model_fn applies no gradients itself: "
                               "pass a tf.compat.v1.train.Optimizer, or call dapple_tf.minimize in model_fn")
+        loss_scaling.refuse_wrapper(optimizer, "build_pipeline's optimizer")
         return optimizer, options, global_step
     if optimizer is not None:
         how = "called dapple_tf.minimize" if request else f"applies gradients itself (at {script.where})"
@@ -321,6 +326,7 @@ def _training(model_train: ModelTraining, optimizer, options: PipelineOptions, g
                                   f"(apply_gradients at {script.where}): clip or transform the gradients in one place")
         return script.optimizer, options, script.global_step
     check_optimizer(request.optimizer)
+    loss_scaling.refuse_wrapper(request.optimizer, "the optimizer given to dapple_tf.minimize")
     changes = {}
     for field in ("clip_global_norm", "gradient_fn"):
         asked, given = getattr(request, field), getattr(options, field)
@@ -381,9 +387,9 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     for user, copy in copies.extra_copies():
         if copy in applied_variables and host is not None and not host.is_local(user.device):
             remote_users.setdefault(id(user), user)
-    applied = apply_step.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check.op,
-                               applied_before=script is not None, remote_users=list(remote_users.values()),
-                               is_local=host.is_local if host is not None and host.per_host else None)
+    applied = loss_scaling.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check.op,
+                     applied_before=script is not None, remote_users=list(remote_users.values()),
+                     is_local=host.is_local if host is not None and host.per_host else None)
     train_op = tf.group(applied.apply_op, *update_ops, name="dapple_train") if update_ops else applied.apply_op
     return _Step(train_op, grads_and_vars, allreduce_op_names, applied.slot_pairs, norm)
 

@@ -110,6 +110,7 @@ class StageBuilder:
         input_gradients_first: bool = True,
         square_sparse: bool = False,
         host=None,
+        loss_seed=None,
     ):
         """layout: the stages' slices, M, the schedule and which stages recompute;
         sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys;
@@ -120,7 +121,9 @@ class StageBuilder:
         traced_functions: their calls are PartitionedCall ops, whose bodies a traced step records (PipelineOptions).
         input_gradients_first: each backward task runs its input gradients first (PipelineOptions).
         square_sparse: the accumulator keeps the squares of gathered rows' gradients (global-norm clipping).
-        host: host_part.HostPart to build only one task's tasks (per-host graphs); None: every device's."""
+        host: host_part.HostPart to build only one task's tasks (per-host graphs); None: every device's.
+        loss_seed: (loss weight n_mj / N, the loss's dtype) -> the gradient each clone's loss is differentiated with
+        (a script's loss scale: gradient_replay.loss_seed); None: the weight."""
         if not input_gradients_first and (layout.schedule.splits_backward or layout.schedule.kind == BATCHED_W):
             raise PlanError(f"schedule {layout.schedule.kind!r} splits every backward into input and weight "
                             "gradients: input_gradients_first=False applies to schedules dapple, gpipe and interleaved")
@@ -133,6 +136,7 @@ class StageBuilder:
         self.task_ops = tasks.TaskOps(graph)
         self.clones: Dict[Tuple[int, int, int], _Clone] = {}
         self.host = host or host_part.InGraph()
+        self._loss_seed = loss_seed or (lambda weight, dtype: tf.constant(weight, dtype=dtype))
         self._weighted_losses: Dict[Tuple[int, int], tf.Tensor] = {}  # (micro-batch, replica) -> loss term
         self.accumulator = GradientAccumulator(square_sparse)
         # (stage, micro-batch, replica, output name) -> [(first row, consumer replica, piece)] per consumer stage
@@ -530,7 +534,7 @@ class StageBuilder:
         functions = self._functions[s]
         grads = {name: output_grads[name] if output_grads[name] is not None else tf.zeros_like(clone.outputs[name])
                  for name in functions.signature.differentiable_outputs}
-        weight = tf.constant(loss_weight, dtype=clone.loss.dtype) if clone.loss is not None else None
+        weight = self._loss_seed(loss_weight, clone.loss.dtype) if clone.loss is not None else None
         sums = {e.tensor.name: self.accumulator.running_sum(self.template.variable_of_handle[e.tensor.name], device)
                 for e in trainable}
         return functions.backward(clone.env, grads, weight, device,
@@ -548,7 +552,7 @@ class StageBuilder:
                 grad_ys.append(output_grads[name])
         if clone.loss is not None:
             ys.append(clone.loss)
-            grad_ys.append(tf.constant(loss_weight, dtype=clone.loss.dtype))
+            grad_ys.append(self._loss_seed(loss_weight, clone.loss.dtype))
         xs = [clone.inputs[e.tensor.name] for e in boundary] + [clone.inputs[e.tensor.name] for e in trainable]
         if not ys or not xs:
             return None, None

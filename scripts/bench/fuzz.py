@@ -121,7 +121,7 @@ def main(argv):
                     continue
                 print(f"  {why}", flush=True)
                 if any(r.get("harness") for r in results):  # not the rewrite's failure: nothing to shrink
-                    print(f"  stopped: the harness's own part failed; fix it first (traceback in --json)", flush=True)
+                    print("  stopped: the harness's own part failed; fix it first (traceback in --json)", flush=True)
                     failures.append(case)
                     break
                 smallest = shrink(worker, case, FLAGS.repeat, FLAGS.tolerance, FLAGS.timeout,
