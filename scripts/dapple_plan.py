@@ -6,6 +6,9 @@ Example:
 
 Warnings (on stderr): memory figures that are only a lower bound (no memory input), and a chosen
 plan whose simulated time differs from formula 2's L by more than 5%.
+The report's `ties:` line names the plans simulated within the profile's spread of the chosen one (with
+--select=simulation, and under either selection when the profile is noisy: a spread above 20%;
+planner/planning/ties.py).
 """
 
 import warnings

@@ -12,7 +12,8 @@ The output format follows the extension: .pb/.pbtxt/.json (protobuf) or .txt (Pi
 model name and batch size in `#` header lines). Times are medians over interleaved rounds (profiler/rounds.py):
 each round measures every layer of every batch size once, so several sizes profiled together (--batch_sizes)
 are measured side by side, and each profile records how far its whole step moved over the rounds (its spread).
-Progress (a line per round, then one per layer) goes to stderr.
+Progress (a line per round, then one per layer) goes to stderr, and a last `warning:` line there when a spread is
+above 20% (a busy machine; profiler/rounds.py noise_warning).
 """
 
 import sys
@@ -87,6 +88,7 @@ def main(argv):
     import models
     import profiler
     from profiler.io import check_writable
+    from profiler.rounds import noise_warning
 
     layers = user_model.scope_layers(FLAGS.scope_depth, FLAGS.scope_patterns)
     if FLAGS.model_fn:
@@ -129,6 +131,9 @@ def main(argv):
         print(f"wrote {_output(size)}: {len(profile.layers)} layers, forward+backward {total:.2f} ms per batch of "
               f"{size}; whole step {profile.step_ms:.2f} ms, spread {profile.relative_spread:.1%} over "
               f"{profile.timing_rounds} rounds ({elapsed:.1f} s)")
+    warning = noise_warning(profiles, FLAGS.runs)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 

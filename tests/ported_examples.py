@@ -3,6 +3,7 @@ with git apply as a user would), their checkpoints and event files, for test_ber
 test_image_script.py."""
 
 import glob
+import importlib
 import os
 import re
 import shutil
@@ -14,6 +15,24 @@ import tensorflow as tf
 
 from planner.formats import plan_pb2, write_message
 from tests.programs import ROOT
+
+
+def example_modules(example: str, *names: str):
+    """The modules `names` of examples/<example>, imported for the caller alone: the examples share module names
+    (bert_tf1 and xl_tf1 both have modeling and run_classifier, which put their own folder first on sys.path), so
+    whatever another test of this process imported under those names is set aside and put back, with sys.path."""
+    folder = os.path.join(ROOT, "examples", example)
+    shared = ("modeling", "model_utils", "optimization", "run_classifier", "model", "nmt") + names
+    saved_modules = {name: sys.modules.pop(name) for name in shared if name in sys.modules}
+    saved_path = list(sys.path)
+    sys.path.insert(0, folder)
+    try:
+        return tuple(importlib.import_module(name) for name in names)
+    finally:
+        for name in shared:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved_modules)
+        sys.path[:] = saved_path
 
 
 def port_diff(example: str) -> str:

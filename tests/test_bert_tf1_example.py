@@ -3,7 +3,6 @@ script"), trains pipelined inside its encoder (2:1) as the unported script does 
 Estimator and through dapple_train --scope_patterns."""
 
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -40,12 +39,7 @@ def assert_same_training(want, got):
 def initial_checkpoint(path) -> float:
     """Pre-trained weights, larger than the example's initializer gives (so that clipping at 1.0 acts); returns
     the first batch's global gradient norm there, as tf.clip_by_global_norm computes it."""
-    sys.path.insert(0, EXAMPLE)
-    try:
-        import modeling
-        import run_classifier
-    finally:
-        sys.path.remove(EXAMPLE)
+    modeling, run_classifier = ported_examples.example_modules("bert_tf1", "modeling", "run_classifier")
     v1 = tf.compat.v1
     with tf.Graph().as_default():
         v1.set_random_seed(3)

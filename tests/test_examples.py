@@ -96,7 +96,9 @@ def test_dapple_train_prints_only_its_own_lines_unless_verbosity_asks(tmp_path):
     assert not TF_LOG_LINE.search(quiet.stdout)
     lines = quiet.stdout.splitlines()
     assert lines[0].startswith("profiling keras_classifier:model_fn") and lines[-1].startswith("done: step 20")
-    assert len(lines) == 15  # profiling, the plan (10 lines), training, 2 logged steps, done
+    # profiling, the plan (10 lines, and a line of ties where the profile's noise makes some), training, 2 logged
+    # steps, done
+    assert len([line for line in lines if not line.startswith("  ties:")]) == 15
     verbose = run_program("dapple_train", *common, "--steps=1", f"--model_dir={tmp_path / 'verbose'}",
                           f"--plan={one_device_plan(tmp_path / 'one.json')}", "--verbosity=0", cwd=EXAMPLES,
                           env={"TF_CPP_MIN_LOG_LEVEL": None})

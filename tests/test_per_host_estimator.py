@@ -2,6 +2,7 @@
 (tests/per_host_estimator_script.py) in every worker task, each building only its own part; its checkpoints are
 dapple_train's one graph's, bit for bit, before and after a resume; what it refuses, by name."""
 
+import os
 import sys
 
 import numpy as np
@@ -39,6 +40,8 @@ def test_an_estimator_script_trains_per_host_like_the_one_graph(tmp_path):
     per_host, one_graph = tmp_path / "per_host", tmp_path / "one_graph"
     out = _estimator(plan, per_host, 6)
     assert "[worker 0] trained to step 6" in out and "[worker 1] trained to step 6" in out
+    # task 0's checkpoint graph (tests/test_per_host_training.py imports and restores it)
+    assert {"graph.pbtxt", "model.ckpt-3.meta", "model.ckpt-6.meta"} <= set(os.listdir(per_host))
     _one_graph(plan, one_graph, 6)
     for step in (3, 6):
         a, b = _checkpoint(per_host / f"model.ckpt-{step}"), _checkpoint(one_graph / f"model.ckpt-{step}")

@@ -1,7 +1,8 @@
 """Per-host training through the programs (issue 46): `dapple_launch --per_host` runs dapple_train in every worker
 task, each building only its own part. Its checkpoints are the one graph's, bit for bit and name for name (each
-resumes the other's), a killed task ends the job naming it, a TF_CONFIG that disagrees with the plan is an error
-naming both; and the pieces: which task saves which variable, and the job specs."""
+resumes the other's), with a meta graph that restores them, a killed task ends the job naming it, a TF_CONFIG that
+disagrees with the plan is an error naming both; and the pieces: which task saves which variable, and the job
+specs."""
 
 import json
 import os
@@ -13,8 +14,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
+from google.protobuf import text_format
 
 from dapple_tf.cluster import host_checkpoint, job_specs
+from dapple_tf.cluster.servers import ClusterError
 from planner.formats import layer_cost_pb2, plan_pb2, write_message
 from planner.formats.cluster import local_task_cluster
 from tests.launch_harness import Launch, pid_of, running_pids
@@ -112,6 +115,50 @@ def test_per_host_checkpoints_are_the_one_graphs_and_resume_each_other(tmp_path)
     assert "[worker 1] resumed from the checkpoint at step 6" in out
     _train("local:2x1", plan, swapped_one_graph, 9, "--noper_host")
     _assert_same(_checkpoint(swapped_per_host / "model.ckpt-9"), _checkpoint(swapped_one_graph / "model.ckpt-9"))
+
+
+@pytest.mark.slow
+def test_per_host_checkpoints_have_a_meta_graph_and_graph_pbtxt(tmp_path):
+    """Task 0 writes each merged checkpoint's .meta and graph.pbtxt (host_checkpoint.checkpoint_graph): the meta
+    graph imported in a fresh graph restores every variable of the checkpoint to the checkpoint's values, with the
+    model's variables trainable and the global step found; graph.pbtxt is a GraphDef holding them."""
+    plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
+    model_dir = tmp_path / "per_host"
+    _train("local:2x1", plan, model_dir, 3, "--per_host")
+    assert sorted(n for n in os.listdir(model_dir) if n.endswith(".meta")) == ["model.ckpt-3.meta"]
+    saved = _checkpoint(model_dir / "model.ckpt-3")
+    assert "dense_0/fc_kernel/Adam" in saved and "beta1_power" in saved  # written by task 0 and by task 1
+    with tf.Graph().as_default():
+        saver = tf.compat.v1.train.import_meta_graph(str(model_dir / "model.ckpt-3.meta"))
+        variables = tf.compat.v1.global_variables()
+        assert sorted(v.op.name for v in variables) == sorted(saved)
+        assert {v.op.name for v in tf.compat.v1.trainable_variables()} == {
+            f"{layer}/{kind}_{part}" for layer, kind in (("dense_0", "fc"), ("dense_1", "fc"), ("head", "logits"))
+            for part in ("kernel", "bias")}
+        assert tf.compat.v1.train.get_global_step().op.name == "global_step"
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, tf.train.latest_checkpoint(str(model_dir)))
+            for variable, value in zip(variables, sess.run(variables)):
+                assert np.array_equal(value, saved[variable.op.name]), variable.op.name
+    graph_def = text_format.Parse((model_dir / "graph.pbtxt").read_text(), tf.compat.v1.GraphDef())
+    assert set(saved) <= {node.name for node in graph_def.node}
+    # TensorBoard's graph tab reads the events: the loss's task's own graph, as its summary writer recorded it
+    graphs = [tf.compat.v1.GraphDef.FromString(event.graph_def) for name in os.listdir(model_dir)
+              if name.startswith("events.out") for event in tf.compat.v1.train.summary_iterator(str(model_dir / name))
+              if event.HasField("graph_def")]
+    assert len(graphs) == 1 and any(node.name == "dapple_loss" for node in graphs[0].node)
+
+
+def test_tasks_holding_a_variable_alike_describe_the_checkpoint_else_an_error_names_both():
+    weight = {"writes": True, "dtype": "float32", "shape": [2, 3], "trainable": True, "global_step": False}
+    step = {"writes": True, "dtype": "int64", "shape": [], "trainable": False, "global_step": True}
+    described = host_checkpoint.checkpoint_variables({0: {"w": weight, "global_step": step},
+                                                      1: {"w": dict(weight, writes=False), "global_step": step}})
+    assert described == {"w": weight, "global_step": step}
+    with pytest.raises(ClusterError) as raised:
+        host_checkpoint.checkpoint_variables({0: {"w": weight}, 1: {"w": dict(weight, shape=[3, 2])}})
+    assert str(raised.value) == ("worker tasks 0 and 1 hold variable w as float32 [2, 3] and float32 [3, 2]: is "
+                                 "every task running the same model and plan?")
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ learning-rate decay by variable name), ported by the user guide's 3-line diff wi
 trains pipelined inside its encoder at M=4 (straight and 2:1) as the unported script does on one device."""
 
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -33,12 +32,7 @@ def ported(tmp_path_factory):
 def initial_checkpoint(path) -> float:
     """Pre-trained weights, larger than the example's initializer gives (so that clipping at 1.0 acts); returns
     the first batch's global gradient norm there, as tf.clip_by_global_norm computes it."""
-    sys.path.insert(0, EXAMPLE)
-    try:
-        import modeling
-        import run_classifier
-    finally:
-        sys.path.remove(EXAMPLE)
+    modeling, run_classifier = ported_examples.example_modules("xl_tf1", "modeling", "run_classifier")
     v1 = tf.compat.v1
     with tf.Graph().as_default():
         v1.set_random_seed(3)

@@ -6,7 +6,8 @@ the same training program, starts its own server and builds only its own part of
   checkpoint (or initializing them), then waits for the other tasks' variables it copies (host_session.start);
 - checkpoints are written in parts and merged by task 0 (host_checkpoint.py), at every `save_checkpoints_steps`
   global steps (the same steps on every task; `save_checkpoints_secs` is turned into such a number of steps from
-  the first steps' time) and at the end;
+  the first steps' time) and at the end, task 0 writing each one's `.meta`, and `graph.pbtxt` once
+  (host_checkpoint.checkpoint_graph);
 - the task that sums the loss logs progress and writes the summaries; the others are quiet;
 - held-out evaluation: every `eval_every` steps the tasks wait for each other, then the loss's task evaluates;
 - a traced step: every task traces it, the loss's task writes the merged timeline (host_trace.py);

@@ -12,7 +12,9 @@ simulator is a check: plan_all(simulate=True) simulates the chosen plans and war
 Options.select="simulation" instead simulates, for every micro-batch size, the SIM_CANDIDATES best
 distinct DAPPLE plans by L (the pool of each size is independent of the others) and every
 baseline's best, and returns the lowest simulated time (ties: lower L). Skipped on clusters of
-more than LARGE_CLUSTER_DEVICES devices (the simulator is too slow for the time target).
+more than LARGE_CLUSTER_DEVICES devices (the simulator is too slow for the time target). With a noisy profile
+(a relative spread above ties.NOISY_SPREAD) and selection by L, the plan is still chosen by L, and the best plans
+by L within the spread are simulated beside it to name its ties (planner/planning/ties.py).
 
 Memory: Options.profile_memory (or the profile's step_peak_bytes) gives the model's memory at the
 profile batch size (planner/formats/memory_figures.py); without either the planner warns, once per call
@@ -198,6 +200,15 @@ def choose_by_simulation(candidates: Sequence[Estimate], model, cluster, global_
     """(the candidate with the lowest simulated iteration time, {id(candidate): simulated ms}); each candidate
     runs the fastest of `schedules` that fits (planner/planning/schedule_choice.py). The candidates simulated
     within the profile's spread of it are recorded on it as ties (planner/planning/ties.py)."""
+    sims, described = _simulated(candidates, model, cluster, global_batch_size, link_contention, schedules)
+    chosen = min(candidates, key=lambda e: (sims[id(e)], e.latency))
+    _record_ties(chosen, candidates, sims, described, model.relative_spread)
+    return chosen, sims
+
+
+def _simulated(candidates: Sequence[Estimate], model, cluster, global_batch_size: int, link_contention: bool,
+               schedules: Sequence[str]):
+    """({id(candidate): simulated ms, the fastest fitting of `schedules`}, {id(candidate): ties.describe})."""
     sims, described = {}, {}
     for est in candidates:
         proto = to_plan(est, model, cluster, global_batch_size, "dapple")
@@ -208,15 +219,35 @@ def choose_by_simulation(candidates: Sequence[Estimate], model, cluster, global_
             sims[id(est)] = min(fitting or [e.simulated_iteration_ms for e in proto.schedule_estimates])
         else:
             sims[id(est)] = simulate_plan(proto, model, link_contention=link_contention).iteration_ms
-    chosen = min(candidates, key=lambda e: (sims[id(e)], e.latency))
-    chosen.profile_spread = model.relative_spread
+    return sims, described
+
+
+def _record_ties(chosen: Estimate, candidates: Sequence[Estimate], sims, described, spread: float) -> None:
+    """Records on `chosen` the profile's spread and the other candidates simulated within it of `chosen` (a plan
+    found twice, by two searches, is one plan: its fastest simulation)."""
+    chosen.profile_spread = spread
     others = {}
-    for est in candidates:  # a plan found twice (by two searches) is one plan
+    for est in candidates:
         d = described[id(est)]
         if d != described[id(chosen)]:
             others[d] = min(sims[id(est)], others.get(d, sims[id(est)]))
-    chosen.ties = tuple(ties_lib.tied(sims[id(chosen)], others.items(), model.relative_spread))
-    return chosen, sims
+    chosen.ties = tuple(ties_lib.tied(sims[id(chosen)], others.items(), spread))
+
+
+def _noisy_ties(best: Estimate, base: Sequence[Estimate], model, prefix, cluster, global_batch_size: int,
+                opts: Options, sizes) -> None:
+    """With a noisy profile (planner/planning/ties.py) and the plan chosen by L, which compares it with nothing
+    else: the SIM_CANDIDATES best distinct DAPPLE plans whose L is within the profile's spread of `best`'s, over
+    `sizes`, and the baselines' within it, are simulated beside `best`; those simulated within the spread of it are
+    recorded on it as ties. `best` stays the choice."""
+    limit = best.latency * (1 + model.relative_spread)
+    near = TopK(SIM_CANDIDATES, limit)
+    for mbs in sizes:
+        search(SearchInput(model, prefix, cluster, global_batch_size, mbs, opts), best_latency=limit, top=near)
+    candidates = [best] + [e for e in near.plans + list(base) if e.latency < limit]
+    sims, described = _simulated(candidates, model, cluster, global_batch_size, opts.link_contention,
+                                 opts.schedules)
+    _record_ties(best, candidates, sims, described, model.relative_spread)
 
 
 def plan_estimates(profile, cluster, global_batch_size: int, planner: str = "dapple", **options) -> Dict[str, object]:
@@ -273,6 +304,8 @@ def _dapple_result(model, prefix, cluster, global_batch_size: int, opts: Options
                                                opts.link_contention, opts.schedules)
     if best is None and base:
         best = min(base, key=lambda r: r.latency)
+    if best is not None and not use_sim and not large and ties_lib.noisy(model.relative_spread):
+        _noisy_ties(best, base, model, prefix, cluster, global_batch_size, opts, full_sizes)
     if best is None:
         detail = memory_error(model, prefix, cluster, opts, sizes, global_batch_size)
         if not detail:
