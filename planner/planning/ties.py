@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Iterable, List, Tuple
 
 from planner.formats import plan_pb2
+from planner.planning.plan_shape import shape
 
 NOISY_SPREAD = 0.20
 SHOWN = 3
@@ -29,8 +30,6 @@ def noisy(spread: float) -> bool:
 def describe(plan: plan_pb2.Plan) -> str:
     """"straight (2 stages) over layers 0-11,12-23, M=8, dapple": the report's shape, the stages' layers, M and
     the schedule."""
-    from planner.planning.report import shape  # pylint: disable=import-outside-toplevel
-
     layers = ",".join(f"{s.first_layer}-{s.last_layer}" for s in plan.stages)
     return (f"{shape(plan)} over layers {layers}, M={plan.num_micro_batches}, "
             f"{plan_pb2.Schedule.Name(plan.schedule).lower()}")
