@@ -8,9 +8,11 @@
 4. builds the pipelined data-parallel training graph from the plan (dapple_tf.build_pipeline) and
    trains it on the digits training split, printing loss and throughput every --log_every steps;
 5. prints the test accuracy of the trained weights;
-6. on a machine with at least 2 cores (--speedup), measures a 2-stage pipeline on 2 worker processes,
-   each pinned to its own core, against one such worker (scripts/bench/speedup.py, MLP 8 x 1024, batch
-   1024, M=4), beside the simulator's prediction of both.
+6. on a machine with at least 2 cores (--speedup), measures on 2 worker processes, each pinned to its own
+   core, the plan the planner chooses for them and 2-stage pipelines at M=2 and M=4, against one such worker
+   (scripts/bench/speedup.py, MLP 8 x 1024, batch 1024; one profiling, the plans timed side by side), beside the
+   simulator's prediction of each; then the planner's ties as a short table and one sentence: which plan won, by
+   how much and, where a pipeline lost, why (its bubble and the measured per-sample cost of its slices).
 
 Example:
   dapple_demo                       # the planner's own plan
@@ -34,8 +36,8 @@ flags.DEFINE_float("learning_rate", 0.01, "Adam learning rate.")
 flags.DEFINE_integer("log_every", 50, "Print loss and throughput every this many steps.")
 flags.DEFINE_enum("schedule", "dapple", ["dapple", "gpipe"], "Pipeline schedule.")
 flags.DEFINE_integer("seed", 0, "Random seed (data split, batches, initial weights).")
-flags.DEFINE_boolean("speedup", True, "End with the measured speedup of a 2-worker pipeline over one worker "
-                     "(needs 2 cores).")
+flags.DEFINE_boolean("speedup", True, "End with the measured speedup over one worker of the planner's choice for "
+                     "2 workers and of 2-stage pipelines, and which won and why (needs 2 cores).")
 
 
 

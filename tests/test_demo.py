@@ -7,7 +7,7 @@ import pytest
 from tests.programs import run_program
 
 def _demo(*args):
-    return run_program("dapple_demo", *args)
+    return run_program("dapple_demo", *args, timeout=600)
 
 
 def _accuracy(stdout):
@@ -32,10 +32,14 @@ def test_demo_trains_digits_to_90_percent(args, stages, tmp_path, monkeypatch):
     assert _accuracy(out) > 0.90
     if not stages and len(os.sched_getaffinity(0)) >= 2:  # the measured speedup of 2 pinned workers, and simulated
         assert "== speedup: 2 pinned worker processes" in out, out[-2000:]
-        row = re.search(r"^straight2-M4 +\d+ +([0-9.]+) +([0-9.]+) +1\.60 +([0-9.]+) +([0-9.]+)", out, re.M)
-        assert row, out[-2000:]
-        assert float(row.group(2)) > 0 and float(row.group(4)) > 0  # speedup and measured/simulated (not timed)
+        for plan, ideal in (("planner", r"[0-9.]+"), ("straight2-M2", r"1\.33"), ("straight2-M4", r"1\.60")):
+            row = re.search(rf"^{plan} +\d+ +([0-9.]+) +([0-9.]+) +{ideal} +([0-9.]+) +([0-9.]+)", out, re.M)
+            assert row, out[-3000:]
+            assert float(row.group(2)) > 0 and float(row.group(4)) > 0  # speedup and measured/simulated (not timed)
+        assert len(re.findall(r"^On this machine .+\.$", out, re.M)) == 1, out[-3000:]  # the verdict
+        assert "planner: ties:" not in out  # a table instead, if any
         assert not list(tmp_path.glob("bench_speedup_*")), list(tmp_path.iterdir())  # its profiles removed
+        assert not list(tmp_path.glob("dapple_demo_rows_*")), list(tmp_path.iterdir())  # its rows removed
     elif stages:
         assert "== speedup" not in out
 

@@ -320,7 +320,7 @@ def _run(flags_, model_args, folder) -> int:
                "rounds_ms": rounds[plan.name]}
         budget = plan_budget(plan, profiles, batch, slowdown, single_sim, sim)
         row.update(simulated_speedup=budget.simulated, speedup_after_compute=budget.after_compute,
-                   slice_slowdown=budget.slices)
+                   slice_slowdown=budget.slices, ties=_ties_rows(plan.proto), profile_spread=plan.proto.profile_spread)
         row["round_speedups"] = ([a / b for a, b in zip(rounds["single"], rounds[plan.name])]
                                  if "single" in rounds else [])
         budgets.append((plan.name, budget, row["speedup"], row["round_speedups"]))
@@ -342,6 +342,16 @@ def _print_ties(plan) -> None:
 
     if ties.text(plan.proto):
         print(f"planner: {ties.text(plan.proto).strip()}", flush=True)
+
+
+def _ties_rows(proto) -> list:
+    """The plan's ties for --json: [description, simulated ms], the plan itself first; [] without ties."""
+    from planner.planning import ties
+
+    if not proto.ties:
+        return []
+    return [[ties.describe(proto), proto.simulated_iteration_ms]] + [[t.description, t.simulated_iteration_ms]
+                                                                     for t in proto.ties]
 
 
 def _print_where(budgets, term_lines) -> None:

@@ -1,10 +1,18 @@
 """The steps of dapple_demo, the end-to-end demo on this machine's CPU: the digits data, profiling the
 reference MLP, planning it (the DAPPLE planner or a forced S-stage plan), building and training the
-pipelined graph, the test accuracy and the measured speedup of a 2-worker pipeline.
+pipelined graph, the test accuracy and, measured on 2 pinned workers against one, the speedup of the planner's
+choice and of 2-stage pipelines, ending with one sentence on which won and why.
 """
 
 import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -99,8 +107,19 @@ def plan_step(profile, devices, s: DemoSettings):
                   f" devices {', '.join(devs)}")
         return plan
     plan_proto = planner_api.plan(profile, local_cluster(s.num_devices), s.global_batch_size, planner="dapple")
-    print(summarize(plan_proto))
+    print(_with_ties_table(summarize(plan_proto), plan_proto))
     return dapple_tf.Plan.from_proto(plan_proto)
+
+
+def _with_ties_table(report: str, plan_proto) -> str:
+    """The planner's report with its one-line list of ties replaced by a short table (demo_verdict.ties_table_of)."""
+    from planner.planning import ties
+    from scripts.workflows import demo_verdict
+
+    table = demo_verdict.ties_table_of(demo_verdict.proto_ties(plan_proto), plan_proto.profile_spread)
+    if not table:
+        return report
+    return "\n".join(line for line in report.splitlines() if line != ties.text(plan_proto)) + "\n" + table
 
 
 def build_step(spec, plan, x_test, s: DemoSettings) -> _Built:
@@ -150,25 +169,65 @@ def train_step(built: _Built, x_train, y_train, y_test, s: DemoSettings) -> floa
         return float(np.mean(sess.run(built.predictions) == y_test))
 
 
-def speedup_section() -> None:
-    """6. The measured speedup of 2 pinned workers over one (scripts/bench/speedup.py), or why it is skipped."""
-    import subprocess
-    import sys
+SPEED_PLANS = ("single", "planner", "straight2-M2", "straight2-M4")
+_HIDDEN = ("profile at", "dapple_launch:", "planner: ties:", "wrote ")
 
+
+def speed_command(rows_path: str) -> List[str]:
+    """The speed benchmark as the demo runs it: one worker, the planner's choice for 2 workers and straight 2-stage
+    pipelines at M=2 and 4, profiled once, timed side by side in rounds; its rows written to `rows_path`."""
+    return [sys.executable, "-m", "scripts.bench.speedup", "--num_workers=2", "--micro_batches=2,4",
+            f"--plans={','.join(SPEED_PLANS)}", "--gpipe=false", "--zero_bubble=false", "--interleaved=false",
+            "--batched_w=false", "--steps=3", "--rounds=2", "--profile_rounds=3", f"--json={rows_path}"]
+
+
+def _streamed(command: Sequence[str]) -> Tuple[int, List[str]]:
+    """Runs `command`, printing the lines of its output the demo shows as they come; (exit code, its stderr's
+    lines). Interrupted, it stops the command the way Ctrl-C would, so that the command stops its own processes."""
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=errors, text=True)
+        try:
+            for line in process.stdout:
+                if not line.startswith(_HIDDEN):
+                    print(line, end="", flush=True)
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            code = process.wait()
+        errors.seek(0)
+        return code, errors.read().splitlines()
+
+
+def speedup_section() -> None:
+    """6. The measured speedup over one pinned worker of the planner's choice for 2 workers and of 2-stage pipelines
+    (scripts/bench/speedup.py), the planner's ties and one sentence on which won and why; or why it is skipped."""
     from dapple_tf.cluster.servers import usable_cores
+    from scripts.workflows import demo_verdict
 
     cores = len(usable_cores())
     if cores < 2:
         print(f"\n(speedup over one worker skipped: this machine has {cores} core; it needs 2 pinned workers)")
         return
-    print("\n== speedup: 2 pinned worker processes (1 core each) vs one, measured and simulated ==", flush=True)
-    command = [sys.executable, "-m", "scripts.bench.speedup", "--num_workers=2", "--micro_batches=4",
-               "--plans=single,straight2-M4", "--gpipe=false", "--steps=5", "--profile_rounds=3"]
-    done = subprocess.run(command, capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if not line.startswith(("profile at", "dapple_launch:"))]
-    print("\n".join(lines), flush=True)
-    if done.returncode:
-        print(f"(the speedup benchmark failed: {done.stderr.strip().splitlines()[-1:]})")
+    print("\n== speedup: 2 pinned worker processes (1 core each) vs one: the planner's choice and 2-stage pipelines, "
+          "measured and simulated ==", flush=True)
+    with tempfile.TemporaryDirectory(prefix="dapple_demo_rows_") as folder:
+        rows_path = os.path.join(folder, "rows.json")
+        code, errors = _streamed(speed_command(rows_path))
+        if code:
+            print(f"(the speedup benchmark failed: {errors[-1:]})")
+            return
+        with open(rows_path) as f:
+            rows = json.load(f)
+    ties = demo_verdict.ties_table(rows)
+    if ties:
+        print(ties)
+    sentence = demo_verdict.verdict(rows)
+    if sentence:
+        print(sentence, flush=True)
 
 
 def run_demo(s: DemoSettings, start: float) -> int:
