@@ -35,6 +35,21 @@ def example_modules(example: str, *names: str):
         sys.path[:] = saved_path
 
 
+def saved_initial_weights(path, loss_of) -> float:
+    """Pre-trained weights for an example's test, saved at `path`: `loss_of()` builds the model's loss (on the first
+    batch, with larger initial weights than the example gives, so that clipping acts) in a graph seeded 3; returns
+    the global gradient norm there, as tf.clip_by_global_norm computes it."""
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        v1.set_random_seed(3)
+        loss = loss_of()
+        norm = tf.linalg.global_norm(v1.gradients(loss, v1.trainable_variables()))
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            v1.train.Saver().save(sess, str(path))
+            return float(sess.run(norm))
+
+
 def port_diff(example: str) -> str:
     """The guide's diff of examples/<example>."""
     with open(os.path.join(ROOT, "docs", "user_guide.md")) as f:

@@ -38,19 +38,11 @@ def assert_same_training(want, got):
 
 def initial_checkpoint(path) -> float:
     """Pre-trained weights, larger than the example's initializer gives (so that clipping at 1.0 acts); returns
-    the first batch's global gradient norm there, as tf.clip_by_global_norm computes it."""
+    the first batch's global gradient norm there."""
     modeling, run_classifier = ported_examples.example_modules("bert_tf1", "modeling", "run_classifier")
-    v1 = tf.compat.v1
-    with tf.Graph().as_default():
-        v1.set_random_seed(3)
-        x, y = run_classifier.examples(0, 16)
-        loss, _ = run_classifier.create_model({k: tf.constant(v) for k, v in x.items()}, tf.constant(y),
-                                              dict(modeling.CONFIG, initializer_range=0.2))
-        norm = tf.linalg.global_norm(v1.gradients(loss, v1.trainable_variables()))
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            v1.train.Saver().save(sess, str(path))
-            return float(sess.run(norm))
+    x, y = run_classifier.examples(0, 16)
+    return ported_examples.saved_initial_weights(path, lambda: run_classifier.create_model(
+            {k: tf.constant(v) for k, v in x.items()}, tf.constant(y), dict(modeling.CONFIG, initializer_range=0.2))[0])
 
 
 def run_script(folder, model_dir, *args):
