@@ -7,7 +7,7 @@
     train_op = dapple_tf.minimize(loss, optimizer, global_step=...)   # inside a TF1 script's model_fn
 """
 
-from dapple_tf.rewrite.batch_norm import BatchNormWarning, MovingStatisticsWarning, collect_updates
+from dapple_tf.rewrite.batch.batch_norm import BatchNormWarning, MovingStatisticsWarning, collect_updates
 from dapple_tf.cluster.servers import ClusterError, TFCluster
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model.layers import LayerRecorder, layer
@@ -15,7 +15,7 @@ from dapple_tf.model.minimize import minimize
 from dapple_tf.rewrite.options import PipelineOptions
 from dapple_tf.rewrite.pipeline import PipelineHandle, build_pipeline
 from dapple_tf.plan import Plan
-from dapple_tf.rewrite.random_ops import RandomOpsWarning
+from dapple_tf.rewrite.template.random_ops import RandomOpsWarning
 from dapple_tf.model.scopes import ScopeLayers, layers_by_scope
 from dapple_tf.frontends.trainer import Trainer, TrainerOptions
 

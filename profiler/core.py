@@ -50,7 +50,7 @@ import tensorflow as tf
 
 from dapple_tf.model import minimize as minimize_lib
 from dapple_tf.model.layers import LayerRecorder
-from dapple_tf.rewrite.outputs import split_model_result
+from dapple_tf.rewrite.template.outputs import split_model_result
 from planner.formats import layer_cost_pb2
 from profiler.analysis import analyze_layers, tensor_bytes
 from profiler.memory import backward_working_bytes, step_peak_bytes

@@ -9,6 +9,7 @@ plan whose simulated time differs from formula 2's L by more than 5%.
 The report's `ties:` line names the plans simulated within the profile's spread of the chosen one (with
 --select=simulation, and under either selection when the profile is noisy: a spread above 20%;
 planner/planning/ties.py).
+--explain prints the plan's pipeline program: what one step runs where, and what each task's graph builds of it.
 """
 
 import warnings
@@ -37,6 +38,9 @@ flags.DEFINE_string("profile_memory", None,
 flags.DEFINE_enum("select", "latency", ["latency", "simulation"],
                   "latency: the paper's objective L (formula 2); simulation: the best simulated of each "
                   "micro-batch size's 8 best plans by L.")
+flags.DEFINE_boolean("explain", False, "Also print the chosen plan's pipeline program (each replica's rows, each "
+                     "device's tasks, the transfers, the gradient reductions) and how each task's graph builds it "
+                     "(planner/formats/program.py).")
 
 
 def main(argv):
@@ -81,10 +85,25 @@ def main(argv):
     if isinstance(chosen, str):
         raise ValueError(f"{main_name}: {chosen}")
     print(summarize(chosen))
+    if FLAGS.explain:
+        print()
+        print(_explained(chosen))
     if FLAGS.output:
         write_message(chosen, FLAGS.output)
         print(f"wrote {FLAGS.output}")
     return 0
+
+
+def _explained(plan) -> str:
+    """The plan's pipeline program, lowered for one graph and, over several tasks, for each task's graph."""
+    from planner.formats.program import lower, program_of_plan
+    from planner.simulation.sim_adapter import plan_schedule
+
+    program = program_of_plan(plan, plan_schedule(plan))
+    parts = [str(program), str(lower(program))]
+    if len(program.tasks) > 1:
+        parts += [str(lower(program, task)) for task in program.tasks]
+    return "\n".join(parts)
 
 
 def run():

@@ -78,9 +78,9 @@ def test_ported_model_fn_trains_through_dapple_train(ported, tmp_path):
 
 def test_ported_model_fn_trains_per_host_as_the_one_graph(ported, tmp_path):
     """Per host (dapple_launch --per_host), every task builds only its part, and the script's own
-    tf.clip_by_global_norm runs on the loss's task from every task's gradients (dapple_tf/rewrite/host_transform.py):
-    the checkpoint is the one graph's for the same cluster. Weights 10x the example's initializer, so that clipping
-    at 1.0 acts."""
+    tf.clip_by_global_norm runs on the loss's task from every task's gradients
+    (dapple_tf/rewrite/hosts/host_transform.py): the checkpoint is the one graph's for the same cluster. Weights 10x
+    the example's initializer, so that clipping at 1.0 acts."""
     from planner.formats import plan_pb2, write_message  # pylint: disable=import-outside-toplevel
     from planner.formats.cluster import local_task_cluster  # pylint: disable=import-outside-toplevel
 

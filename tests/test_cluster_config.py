@@ -15,7 +15,7 @@ import yaml
 
 from dapple_tf.cluster.servers import (ClusterError, TFCluster, check_port_free, map_devices, probe_task, server_config,
                                start_server, wait_for_workers)
-from dapple_tf.rewrite.replicas import canonical_device
+from dapple_tf.rewrite.update.replicas import canonical_device
 from planner.formats.cluster import ClusterError as PlannerClusterError
 from planner.formats.cluster import load_cluster
 from dapple_tf.cluster import job_specs

@@ -186,7 +186,7 @@ def test_devices_that_slow_each_other_cost_more_when_several_compute():
 
 
 def test_batched_w_is_not_weighed_for_a_plan_that_recomputes():
-    """The runtime refuses dapple-batched-w with re-computation (dapple_tf/rewrite/layout.py), so the planner's
+    """The runtime refuses dapple-batched-w with re-computation (dapple_tf/rewrite/template/layout.py), so the planner's
     schedule choice leaves it out for such a plan."""
     from planner.formats.schedule import schedule_kind
     from planner.planning.schedule_choice import weigh_schedules

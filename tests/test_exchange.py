@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf.rewrite import collectives
+from dapple_tf.rewrite.update import collectives
 from planner.formats.schedule import BACKWARD, Task
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, assert_close_dicts, cpu, train_pipelined, train_single

@@ -1,12 +1,12 @@
-"""The all-reduce of groups of three devices or more (rewrite/halving_exchange.py): recursive halving and doubling,
-the same additions in a per-host graph as in the one graph, and O(log n) operations per device."""
+"""The all-reduce of groups of three devices or more (rewrite/update/halving_exchange.py): recursive halving and
+doubling, the same additions in a per-host graph as in the one graph, and O(log n) operations per device."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from dapple_tf.rewrite import collectives, halving_exchange
-from dapple_tf.rewrite.host_part import HostPart
+from dapple_tf.rewrite.update import collectives, halving_exchange
+from dapple_tf.rewrite.hosts.host_part import HostPart
 from tests.pipeline_harness import SESSION_CONFIG, cpu
 
 

@@ -1,4 +1,4 @@
-"""A per-host graph holds only what its task reads (dapple_tf/rewrite/host_graph.py): the same operations however
+"""A per-host graph holds only what its task reads (dapple_tf/rewrite/hosts/host_graph.py): the same operations however
 many layers other tasks run, the same seeds as the whole template, and its collections and control inputs kept.
 That it trains bit for bit like the one graph: tests/test_per_host.py."""
 
@@ -89,7 +89,7 @@ def test_control_inputs_on_operations_made_before_the_build_are_kept():
         handle = dapple_tf.build_pipeline(_model_fn(2), tf.ones([8, 4]), tf.zeros([8, 4]),
                                           tf.compat.v1.train.GradientDescentOptimizer(0.1), plan,
                                           dapple_tf.PipelineOptions(own_task=_task(0)))
-    assert counter.initializer in dapple_tf.rewrite.graph_walk.ancestors(handle.local_init_op)
+    assert counter.initializer in dapple_tf.rewrite.graphs.graph_walk.ancestors(handle.local_init_op)
 
 
 def test_a_model_fn_reading_a_tensor_made_outside_it_keeps_the_whole_template(caplog):

@@ -15,11 +15,11 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf.rewrite import normalization
-from dapple_tf.rewrite.batch_norm import BatchNormWarning, MovingStatisticsWarning
-from dapple_tf.rewrite import sync_batch_norm
+from dapple_tf.rewrite.batch import normalization
+from dapple_tf.rewrite.batch.batch_norm import BatchNormWarning, MovingStatisticsWarning
+from dapple_tf.rewrite.batch import sync_batch_norm
 from dapple_tf.errors import DappleError
-from dapple_tf.rewrite.graph_defs import StageGraphDef
+from dapple_tf.rewrite.graphs.graph_defs import StageGraphDef
 from tests.pipeline_harness import assert_close_dicts, cpu, initial_weights, train_pipelined, train_single
 from tests.test_pipeline_sync_batch_norm import assert_close, max_difference, pipelined, reference
 

@@ -1,13 +1,16 @@
-"""The code's layout keeps its rules: dependencies point one way, no function grows past ~80 lines."""
+"""The code's layout keeps its rules: dependencies point one way, no function grows past ~80 lines, every package
+says what it owns, and the rewrite's sub-packages keep their private names and import only what they declare."""
 
 import ast
 import pathlib
+import re
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("dapple_tf", "planner", "profiler", "models", "scripts")
 MAX_FUNCTION_LINES = 80
+REWRITE = "dapple_tf.rewrite"  # its sub-packages keep their private names to themselves and say what they import
 # package (or folder) -> top-level names its modules must not import
 FORBIDDEN = {
     "planner": ("dapple_tf", "profiler", "scripts", "tensorflow", "models"),
@@ -154,3 +157,126 @@ def test_the_cycle_check_sees_a_cycle_through_a_function_level_import(tmp_path):
     (tmp_path / "pkg" / "c.py").write_text('"""c."""\nimport pkg.a\n')
     (tmp_path / "pkg" / "d.py").write_text('"""d."""\nfrom pkg.a import b\n')
     assert _cycles(_import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def _packages_without_a_docstring(folder: str, root: pathlib.Path = ROOT):
+    """Packages (folders with an `__init__.py`) whose docstring is not at least one sentence: three words or more
+    ending in a full stop."""
+    sentence = re.compile(r"[A-Za-z]\w*(\W+\w+){2,}[^.]*\.(\s|$)")
+    return [str(init.parent.relative_to(root)) for init in sorted((root / folder).rglob("__init__.py"))
+            if not sentence.search(ast.get_docstring(ast.parse(init.read_text())) or "")]
+
+
+def test_every_package_says_what_it_owns():
+    assert _packages_without_a_docstring("dapple_tf") == []
+
+
+def test_the_package_check_sees_a_package_that_says_nothing(tmp_path):
+    for name, text in [("pkg", '"""Owns the samples."""\n'), ("pkg/empty", ""), ("pkg/word", '"""Things."""\n'),
+                       ("pkg/code", 'X = "Owns nothing at all."\n'),
+                       ("pkg/said", '"""A package: owns a, b and c."""\n')]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(text)
+    assert _packages_without_a_docstring("pkg", tmp_path) == ["pkg/code", "pkg/empty", "pkg/word"]
+
+
+def _sub_package(module: str, prefix: str) -> str:
+    """The sub-package of `prefix` a module is in ("" for a module directly in `prefix`)."""
+    rest = module[len(prefix) + 1:].split(".")
+    return rest[0] if len(rest) > 1 else ""
+
+
+def _dotted(node: ast.AST):
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return base and f"{base}.{node.attr}"
+    return None
+
+
+def _private_uses_across(root: pathlib.Path = ROOT, prefix: str = REWRITE):
+    """Where a module of one sub-package of `prefix` uses a private name (`_x`, not `__x__`) of a module of another
+    (the modules directly in `prefix` count as one more): `from m import _x`, or `alias._x` / `a.b.m._x` with m
+    imported as a module, at the top or inside functions."""
+    paths = {_module_name(p, root): p for p in _modules(prefix.replace(".", "/"), root)}
+    private = lambda name: name.startswith("_") and not name.endswith("__")  # noqa: E731
+    found = []
+    for name, path in sorted(paths.items()):
+        tree, aliases, uses = ast.parse(path.read_text()), {}, []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in paths})
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" in paths:
+                        aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    elif node.module in paths and private(alias.name):
+                        uses.append((node.lineno, node.module, alias.name))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and private(node.attr):
+                owner = aliases.get(_dotted(node.value), _dotted(node.value))
+                if owner in paths:
+                    uses.append((node.lineno, owner, node.attr))
+        found += [f"{path.relative_to(root)}:{line} uses {owner}.{attr}" for line, owner, attr in sorted(uses)
+                  if _sub_package(owner, prefix) != _sub_package(name, prefix)]
+    return found
+
+
+def test_no_rewrite_package_uses_anothers_private_names():
+    assert _private_uses_across() == []
+
+
+def test_the_private_name_check_sees_a_use_across_packages(tmp_path):
+    files = {
+        "__init__.py": "", "top.py": "_hidden = 1\n", "a/__init__.py": "", "b/__init__.py": "",
+        "a/own.py": "_mine = 1\n__version__ = 1\n",
+        "a/user.py": "from rw.a import own\nx = own._mine + own.__version__\n",  # one package: fine
+        "b/from_import.py": "def f():\n    from rw.a.own import _mine\n",
+        "b/alias.py": "from rw.a import own as o\nimport rw.a.user as u\nx = o._mine + u.x\n",
+        "b/dotted.py": "import rw.a.own\nx = rw.a.own._mine\n",
+        "b/top_user.py": "from rw import top\nx = top._hidden\n",
+        "b/local.py": "class C:\n    _mine = 1\n\n\nx = C._mine\n",  # not a module: fine
+    }
+    for name, text in files.items():
+        (tmp_path / "rw" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "rw" / name).write_text(text)
+    assert _private_uses_across(tmp_path, "rw") == [
+        "rw/b/alias.py:3 uses rw.a.own._mine", "rw/b/dotted.py:2 uses rw.a.own._mine",
+        "rw/b/from_import.py:2 uses rw.a.own._mine", "rw/b/top_user.py:2 uses rw.top._hidden"]
+
+
+def _undeclared_package_imports(root: pathlib.Path = ROOT, prefix: str = REWRITE):
+    """Imports of one sub-package of `prefix` from another that its `__init__.py` docstring's `May import:` line
+    does not name (the line's words that are sub-packages' names)."""
+    folder = root / prefix.replace(".", "/")
+    names = sorted(p.parent.name for p in folder.glob("*/__init__.py"))
+    declared = {}
+    for name in names:
+        doc = ast.get_docstring(ast.parse((folder / name / "__init__.py").read_text())) or ""
+        line = next((text for text in doc.splitlines() if text.startswith("May import:")), "")
+        declared[name] = set(re.findall(r"\w+", line)) & set(names)
+    found = []
+    for module, targets in _import_graph(root, (prefix.replace(".", "/"),)).items():
+        home = _sub_package(module, prefix)
+        for target in targets:
+            there = _sub_package(target, prefix)
+            if home in declared and there in declared and there not in declared[home] | {home}:
+                found.append(f"{module} imports {target}")
+    return sorted(found)
+
+
+def test_rewrite_packages_import_only_what_their_docstrings_name():
+    assert _undeclared_package_imports() == []
+
+
+def test_the_declared_imports_check_sees_an_undeclared_import(tmp_path):
+    files = {"__init__.py": "", "main.py": "from rw.a import x\n",
+             "a/__init__.py": '"""Owns x.\n\nMay import: b.\n"""\n',
+             "a/x.py": "from rw.b import y\nfrom rw.c import z\n",
+             "b/__init__.py": '"""Owns y.\n\nMay import: no other package.\n"""\n', "b/y.py": "from rw.a import x\n",
+             "c/__init__.py": '"""Owns z."""\n', "c/z.py": "from rw import main\n"}  # main: not a sub-package
+    for name, text in files.items():
+        (tmp_path / "rw" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "rw" / name).write_text(text)
+    assert _undeclared_package_imports(tmp_path, "rw") == ["rw.a.x imports rw.c.z", "rw.b.y imports rw.a.x"]

@@ -196,7 +196,7 @@ def test_a_step_runs_nothing_on_other_tasks_but_their_queues():
     plan = _plan((0, 1, [(0, 0), (1, 0)]), (2, 4, [(2, 0)]))
     with tf.Graph().as_default() as graph:
         handle = _build(plan, _task(1))
-        ran = dapple_tf.rewrite.graph_walk.ancestors(handle.train_op)
+        ran = dapple_tf.rewrite.graphs.graph_walk.ancestors(handle.train_op)
     elsewhere = {op.type for op in ran if op.device and f"{_task(1)}/" not in op.device}
     # the queues there and the enqueues into them; control-only groups of those enqueues; the stale-copy check's
     # side on task 0: a conditional (If, its output's Identity) on the handles of the variables this task copies,
@@ -394,7 +394,8 @@ def test_a_peer_that_never_starts_is_named_within_the_timeout():
 def test_each_side_of_a_boundary_lists_the_same_pairs(batch_major):
     """host_boundaries' one-pass inverses (what a producer's task builds) list exactly the pairs the consumers'
     tasks build, for replications 1-5 with uneven slices."""
-    from dapple_tf.rewrite import host_boundaries, microbatch  # pylint: disable=import-outside-toplevel
+    from dapple_tf.rewrite.batch import microbatch  # pylint: disable=import-outside-toplevel
+    from dapple_tf.rewrite.hosts import host_boundaries  # pylint: disable=import-outside-toplevel
 
     for rows in (7, 12, 13):
         for producers in range(1, 6):

@@ -1,5 +1,5 @@
 """Tensors whose batch is not on axis 0 (time-major sequence models) cross stage boundaries: split and joined along
-their batch axis (dapple_tf/rewrite/batch_axis.py), trained like one device; masks built from the inputs alone are
+their batch axis (dapple_tf/rewrite/batch/batch_axis.py), trained like one device; masks built from the inputs alone are
 computed again by each stage; the refusals name the tensor and the axes."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import dapple_tf
 from dapple_tf.errors import DappleError
-from dapple_tf.rewrite import batch_axis, normalization
+from dapple_tf.rewrite.batch import batch_axis, normalization
 from tests import time_major_models as tm
 from tests.pipeline_harness import SESSION_CONFIG, assert_close_dicts, cpu, train_pipelined, train_single
 

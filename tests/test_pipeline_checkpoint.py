@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf.rewrite import graph_walk
+from dapple_tf.rewrite.graphs import graph_walk
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, cpu
 

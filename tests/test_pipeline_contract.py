@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import dapple_tf
 from dapple_tf import DappleError, PlanError
-from dapple_tf.rewrite.graph_defs import private_copy, stage_graph_defs
+from dapple_tf.rewrite.graphs.graph_defs import private_copy, stage_graph_defs
 from tests import toy_models
 from tests.pipeline_harness import SESSION_CONFIG, assert_close_dicts, cpu, train_pipelined, train_single
 

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-import dapple_tf.rewrite.batch_norm
+import dapple_tf.rewrite.batch.batch_norm
 from tests import slim_nets
 from tests.pipeline_harness import assert_close_dicts, cpu, initial_weights, train_pipelined, train_single
 
@@ -88,7 +88,8 @@ def test_resnet_v1_batch_norm_in_training_mode_updates_moving_averages_once_per_
         num_micro_batches=2,
     )
     with tf.Graph().as_default():
-        with pytest.warns(dapple_tf.rewrite.batch_norm.BatchNormWarning, match=r"resnet/conv1/BatchNorm/FusedBatchNormV3"):
+        with pytest.warns(dapple_tf.rewrite.batch.batch_norm.BatchNormWarning,
+                          match=r"resnet/conv1/BatchNorm/FusedBatchNormV3"):
             handle = dapple_tf.build_pipeline(model_fn, tf.constant(x), tf.constant(y), SGD(), plan,
                                               layers=dapple_tf.layers_by_scope(depth=2))
         means = [v for v in tf.compat.v1.global_variables() if v.op.name.endswith("BatchNorm/moving_mean")]

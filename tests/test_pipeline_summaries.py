@@ -1,6 +1,7 @@
-"""The model's own summaries in pipelined training (dapple_tf/rewrite/summaries.py): scalar means, a streaming metric's
-update, inputs as images equal to one device's every step; histograms of activations from the first micro-batch;
-a summary of a batch statistic dropped with a warning naming it. Through the Estimator: tests/test_image_script.py."""
+"""The model's own summaries in pipelined training (dapple_tf/rewrite/template/summaries.py): scalar means, a streaming
+metric's update, inputs as images equal to one device's every step; histograms of activations from the first
+micro-batch; a summary of a batch statistic dropped with a warning naming it. Through the Estimator:
+tests/test_image_script.py."""
 
 import numpy as np
 import pytest

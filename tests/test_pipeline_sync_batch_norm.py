@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf.rewrite.batch_norm import BatchNormWarning
+from dapple_tf.rewrite.batch.batch_norm import BatchNormWarning
 from dapple_tf.errors import DappleError
 from tests.pipeline_harness import SESSION_CONFIG, cpu, split_options
 

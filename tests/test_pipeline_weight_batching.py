@@ -1,4 +1,4 @@
-"""Schedule "dapple-batched-w" (dapple_tf/rewrite/weight_batching.py): every weight matrix's gradient is one
+"""Schedule "dapple-batched-w" (dapple_tf/rewrite/stages/weight_batching.py): every weight matrix's gradient is one
 stacked product over all micro-batches' rows, the per-micro-batch products never run, and training equals one
 device's (the equivalence over plan shapes is in test_pipeline_equivalence.py)."""
 
@@ -87,7 +87,7 @@ def test_weights_read_twice_keep_their_per_micro_batch_gradients():
 def test_stages_are_cloned_where_functions_would_not_stack(monkeypatch):
     """Where the size would pick stage functions, dapple-batched-w clones (function calls compute their own weight
     gradients); asked for functions, it builds them and warns that nothing is stacked."""
-    from dapple_tf.rewrite import stage_function
+    from dapple_tf.rewrite.stages import stage_function
 
     monkeypatch.setattr(stage_function, "AUTO_CLONED_OPS", 0)  # every model "large"
     monkeypatch.setattr(stage_function, "AUTO_COPIES", 0)

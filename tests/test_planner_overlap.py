@@ -1,7 +1,7 @@
 """What the runtime does with a replicated stage's gradient AllReduce, measured on a timeline (TF
 RunMetadata step stats on virtual CPU devices): gradients are reduced in buckets, last layers first,
 and a bucket's collective starts while the last micro-batch's backward of the earlier layers still
-runs (dapple_tf/rewrite/gradients.py). The planner models exactly that (Options.overlap, on by default;
+runs (dapple_tf/rewrite/update/gradients.py). The planner models exactly that (Options.overlap, on by default;
 cost_model.allreduce_tail_ms); the "dp" baseline is the paper's "DP No Overlap"."""
 
 import numpy as np
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import dapple_tf
-from dapple_tf.rewrite.graph_walk import depends_on_any
+from dapple_tf.rewrite.graphs.graph_walk import depends_on_any
 from dapple_tf.trace.step_stats import op_interval_ns
 from planner.planning import cost_model as cm
 from planner.formats.model_profile import ModelProfile

@@ -1,5 +1,5 @@
-"""Stages built once as functions (dapple_tf/rewrite/stage_function.py, issue 23): the graph grows by call sites per
-micro-batch, not by the model's ops; build_pipeline's default switches to them for large clones; stages the path
+"""Stages built once as functions (dapple_tf/rewrite/stages/stage_function.py, issue 23): the graph grows by call sites
+per micro-batch, not by the model's ops; build_pipeline's default switches to them for large clones; stages the path
 does not cover are imported per clone, with the reason."""
 
 import types
@@ -10,7 +10,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 import dapple_tf
-from dapple_tf.rewrite import stage_function
+from dapple_tf.rewrite.stages import stage_function
 from tests import toy_models
 from tests.pipeline_harness import assert_close_dicts, cpu, split_options, train_pipelined, train_single
 

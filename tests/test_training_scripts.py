@@ -10,7 +10,7 @@ from tensorflow.python.ops import resource_variable_ops
 
 import dapple_tf
 from dapple_tf import DappleError
-from dapple_tf.rewrite import sample_rows
+from dapple_tf.rewrite.batch import sample_rows
 from tests import tf1_models
 from tests.pipeline_harness import SESSION_CONFIG, cpu, initial_weights
 from tests.training_scripts_harness import Spec, differences, scripted, train_pipelined, train_single

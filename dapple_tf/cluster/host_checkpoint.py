@@ -34,7 +34,7 @@ import tensorflow as tf
 from dapple_tf.cluster import host_signals
 from dapple_tf.cluster.servers import ClusterError
 from dapple_tf.errors import DappleError
-from dapple_tf.rewrite import graph_walk
+from dapple_tf.rewrite.graphs import graph_walk
 
 # ops that write the variable whose handle (or reference) they take: assignments, optimizers' updates, scatters
 _WRITES = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter", "ResourceStridedSliceAssign",

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional
 import tensorflow as tf
 
 from dapple_tf.cluster.servers import ClusterError, TFCluster, wait_for_workers
-from dapple_tf.rewrite.host_part import task_of
+from dapple_tf.rewrite.hosts.host_part import task_of
 
 
 def start(session: tf.compat.v1.Session, handle, timeout_s: float, cluster: Optional[TFCluster] = None,

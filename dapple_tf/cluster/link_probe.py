@@ -69,7 +69,7 @@ def _timed(sess, fetch) -> float:
 def measure_allreduce(target: str, config, devices, nbytes: int = 16 * 2**20, repeats: int = 5) -> float:
     """Bytes/s per device of the runtime's AllReduce across these devices (collectives.all_reduce_sum: the
     exchange between processes), in the ring formula's terms: 2 (n-1)/n * nbytes / time."""
-    from dapple_tf.rewrite import collectives
+    from dapple_tf.rewrite.update import collectives
 
     with tf.Graph().as_default():
         per_device, values = {}, []

@@ -23,7 +23,7 @@ pipelined checkpoints warm-start each other. EVAL and PREDICT call the user's mo
 device, under a fresh LayerRecorder (markers are plain name scopes, misuse still caught).
 
 Summaries the user's model adds are built again on what the pipeline computes (scalar means averaged
-over micro-batches, metrics from the whole batch: dapple_tf/rewrite/summaries.py), so the Estimator
+over micro-batches, metrics from the whole batch: dapple_tf/rewrite/template/summaries.py), so the Estimator
 records them as on one device. The model's UPDATE_OPS (batch-norm moving averages) run once per step in
 the pipeline's train_op (build_pipeline, batch_norm.py).
 Per host (every task of a cluster building its own part): make the RunConfig with `cluster_task(plan)`
@@ -44,7 +44,7 @@ from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.model import minimize as minimize_lib
 from dapple_tf.model.optimizers import check_optimizer
 from dapple_tf.rewrite.pipeline import as_plan, build_pipeline
-from dapple_tf.rewrite.replicas import canonical_device
+from dapple_tf.rewrite.update.replicas import canonical_device
 
 ModeKeys = tf_estimator.estimator.ModeKeys
 EstimatorSpec = tf_estimator.estimator.EstimatorSpec

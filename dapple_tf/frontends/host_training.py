@@ -25,7 +25,7 @@ from dapple_tf.cluster import host_checkpoint, host_inputs, host_session, host_s
 from dapple_tf.cluster.servers import ClusterError, TFCluster
 from dapple_tf.errors import PerHostError
 from dapple_tf.frontends import host_trace
-from dapple_tf.rewrite.host_part import task_of
+from dapple_tf.rewrite.hosts.host_part import task_of
 
 
 def is_per_host(cluster: Optional[TFCluster]) -> bool:

@@ -39,7 +39,7 @@ from dapple_tf.cluster.servers import ClusterError, TFCluster, failed_tasks, ses
 from dapple_tf.errors import DappleError
 from dapple_tf.model import minimize as minimize_lib
 from dapple_tf.model.layers import LayerRecorder
-from dapple_tf.rewrite import outputs as outputs_lib
+from dapple_tf.rewrite.template import outputs as outputs_lib
 from dapple_tf.rewrite.pipeline import as_plan, build_pipeline
 from dapple_tf.trace.step_stats import peak_bytes_per_device
 from dapple_tf.trace.hook import TraceHook

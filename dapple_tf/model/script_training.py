@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import tensorflow as tf
 
 from dapple_tf.errors import DappleError
-from dapple_tf.rewrite import graph_walk
+from dapple_tf.rewrite.graphs import graph_walk
 from dapple_tf.model.optimizers import check_optimizer
 from dapple_tf.model.training_calls import ApplyCall, GradientsCall, TrainingCalls
 

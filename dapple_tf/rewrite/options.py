@@ -8,7 +8,7 @@ import dataclasses
 from typing import Callable, Optional, Sequence, Union
 
 from dapple_tf.errors import DappleError, PlanError
-from dapple_tf.rewrite.batch_norm import MODES as BATCH_NORM_MODES
+from dapple_tf.rewrite.batch.batch_norm import MODES as BATCH_NORM_MODES
 from planner.formats.schedule import SCHEDULE_KINDS
 
 

@@ -23,9 +23,13 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.eager import context
 
-from dapple_tf.rewrite import (batch_norm as batch_norm_lib, collectives, gradient_transforms, gradients, graph_walk,
-                               host_graph, host_part, loss_scaling, outputs as outputs_lib, random_ops, stage_function,
-                               summaries, template as template_lib, template_devices)
+from dapple_tf.rewrite.batch import batch_norm as batch_norm_lib
+from dapple_tf.rewrite.graphs import graph_walk
+from dapple_tf.rewrite.hosts import host_graph, host_part
+from dapple_tf.rewrite.stages import stage_function
+from dapple_tf.rewrite.template import (outputs as outputs_lib, random_ops, summaries, template as template_lib,
+                                        template_devices)
+from dapple_tf.rewrite.update import collectives, gradient_transforms, gradients, loss_scaling
 from dapple_tf.errors import DappleError, LayerMarkerError, PlanError
 from dapple_tf.model import minimize as minimize_lib, training_calls
 from dapple_tf.model.model_training import ModelTraining
@@ -33,11 +37,11 @@ from dapple_tf.model.optimizers import check_optimizer
 from dapple_tf.model.graph_mode import require_graph_mode
 from dapple_tf.model.layers import LayerRecorder
 from dapple_tf.plan import Plan, ResolvedStage
-from dapple_tf.rewrite.layout import PipelineLayout
+from dapple_tf.rewrite.template.layout import PipelineLayout
 from dapple_tf.rewrite.options import PipelineOptions
-from dapple_tf.rewrite.replicas import VariableCopies, canonical_device
+from dapple_tf.rewrite.update.replicas import VariableCopies, canonical_device
 from dapple_tf.model.scopes import ScopeLayers
-from dapple_tf.rewrite.stage_builder import StageBuilder
+from dapple_tf.rewrite.stages.stage_builder import StageBuilder
 from planner.formats.schedule import Schedule, Task
 from planner.formats import plan_pb2
 

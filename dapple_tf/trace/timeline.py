@@ -40,7 +40,7 @@ import collections
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from dapple_tf.rewrite.replicas import canonical_device
+from dapple_tf.rewrite.update.replicas import canonical_device
 from dapple_tf.trace.step_stats import op_interval_ns
 from planner.simulation import gantt as gantt_lib, trace as trace_lib
 from planner.formats.schedule import BATCHED_W, FORWARD, WEIGHT

@@ -34,7 +34,7 @@ Kinds:
 - "dapple-batched-w": DAPPLE's order of F and B (input gradients), every W at the end of its stage.
   The runtime computes the weight gradients of all micro-batches together where it can (one matrix
   product over the micro-batches' rows instead of M thin ones and a running sum; the others stay in B:
-  dapple_tf/rewrite/weight_batching.py); a stage's W runs while earlier stages drain their backwards.
+  dapple_tf/rewrite/stages/weight_batching.py); a stage's W runs while earlier stages drain their backwards.
   Activations and output gradients stay alive until the W: GPipe's activation memory and more (D caps
   only the warm-up forwards).
 

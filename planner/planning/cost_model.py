@@ -267,7 +267,7 @@ def overlaps_allreduce(cluster, overlap: bool = True) -> bool:
 def allreduce_tail_ms(model: ModelProfile, first: int, end: int, slice_samples: int, ar_ms_per_byte: float,
                       bucket_bytes: float = ALLREDUCE_BUCKET_BYTES) -> float:
     """AllReduce time left after the stage's last backward pass when gradients are reduced in buckets
-    as soon as the last micro-batch's backward produces them (what dapple_tf/rewrite/gradients.py does).
+    as soon as the last micro-batch's backward produces them (what dapple_tf/rewrite/update/gradients.py does).
 
     Layers run backward from end-1 down to first; a bucket closes once it holds `bucket_bytes` of
     parameters (the last one may hold less) and is ready when the backward of its first layer ends;

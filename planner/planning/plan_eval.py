@@ -22,7 +22,7 @@ class Options:
 
     optimizer_multiplier: float = cm.DEFAULT_OPTIMIZER_MULTIPLIER
     # Backward/AllReduce overlap on the last micro-batch: the runtime all-reduces a stage's gradients
-    # in buckets as the last backward produces them (dapple_tf/rewrite/gradients.py). Off: the AllReduce
+    # in buckets as the last backward produces them (dapple_tf/rewrite/update/gradients.py). Off: the AllReduce
     # starts after the last backward (the "dp" baseline, the paper's "DP No Overlap").
     overlap: bool = True
     overhead_ms: float = cm.PASS_OVERHEAD_MS

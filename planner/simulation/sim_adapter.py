@@ -18,7 +18,7 @@ gradients, m, v and writes parameters, m, v: 7 x parameter bytes at `optimizer_b
 internal bubbles of the pivot stage. Links default to one transfer at a time in both directions
 (`duplex_links=False`), as the paper's formula treats each cut as one communication stage.
 AllReduce overlaps the last backward by default (`overlap_allreduce=True`): the runtime reduces a
-stage's gradients in buckets as the last micro-batch's backward produces them (dapple_tf/rewrite/gradients.py;
+stage's gradients in buckets as the last micro-batch's backward produces them (dapple_tf/rewrite/update/gradients.py;
 measured in tests/test_planner_overlap.py); False starts it after the last backward.
 `activation_multiplier` scales stashed activations for models whose profile records only layer
 outputs (see scripts/bench/schedule_memory.py); 1.0 is what the planner assumes.

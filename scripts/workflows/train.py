@@ -191,7 +191,7 @@ def make_plan(s: TrainSettings, model_fn, input_fn, name, devices, batch_size, l
     import tensorflow as tf
 
     from dapple_tf.cluster.servers import map_devices
-    from dapple_tf.rewrite.replicas import canonical_device
+    from dapple_tf.rewrite.update.replicas import canonical_device
 
     plan, simulated = _plan_and_simulation(s, model_fn, input_fn, name, devices, batch_size, layers, cluster)
     if devices is None:  # this process's own devices

@@ -1,0 +1,55 @@
+"""Scalars summed over the cluster's tasks in one fixed order, the same in one graph and in per-host graphs.
+
+A value held on several devices (a sum of squares for clipping, of a table's gathered rows for a script's norm)
+is summed on each task (its devices in order), then over the plan's tasks in order, 0 for a task holding none. In a
+per-host graph each task sends its sum to the device that adds them up (one scalar per task and step), so the
+additions, and the bits, are those of the one graph.
+"""
+
+from typing import Callable, Dict, List, Optional, Sequence
+
+import tensorflow as tf
+
+from dapple_tf.rewrite.hosts import host_part
+
+
+def ordered_sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """A sum in a fixed order (an AddN's order moves with when its inputs arrive)."""
+    return tensors[0] if len(tensors) == 1 else tf.reduce_sum(tf.stack(list(tensors)))
+
+
+def first_devices(plan_devices: Sequence[str]) -> Dict[str, str]:
+    """Task -> its first device of the plan."""
+    out: Dict[str, str] = {}
+    for d in sorted(plan_devices):
+        out.setdefault(host_part.task_of(d), d)
+    return out
+
+
+def summed_over_tasks(by_device: Dict[str, tf.Tensor], device: str, plan_devices: Sequence[str], host,
+                      key: Callable[[str], str], dtype: tf.DType = tf.float32) -> Optional[tf.Tensor]:
+    """The sum, in `dtype`, of the scalars `by_device` (device -> scalar) on `device`: per task, then over the plan's
+    tasks in order. In a per-host graph a task's sum goes to `device` through queue `key(task)`: None where `device`
+    is another task's."""
+    by_task: Dict[str, List[tf.Tensor]] = {}
+    for d in sorted(by_device):
+        task = host.task if host.per_host and host.is_local(d) else host_part.task_of(d)  # unplaced: this task's
+        with tf.device(d):
+            by_task.setdefault(task, []).append(tf.cast(by_device[d], dtype))
+    terms = []
+    for task in sorted(set(first_devices(plan_devices)) | set(by_task)):
+        if host.per_host and task != host.task:
+            if host.is_local(device):
+                terms.append(host.receive(key(task), dtype, tf.TensorShape([]), device))
+            continue
+        sums = by_task.get(task)
+        with tf.device(sums[0].device if sums else device):
+            term = ordered_sum(sums) if sums else tf.constant(0, dtype)
+        if host.is_local(device):
+            terms.append(term)
+        else:
+            host.send(key(task), term, device)
+    if not host.is_local(device):
+        return None
+    with tf.device(device):
+        return ordered_sum(terms)
