@@ -10,7 +10,7 @@
 5. prints the test accuracy of the trained weights;
 6. on a machine with at least 2 cores (--speedup), measures on 2 worker processes, each pinned to its own
    core, the plan the planner chooses for them and 2-stage pipelines at M=2 and M=4, against one such worker
-   (scripts/bench/speedup.py, MLP 8 x 1024, batch 1024; one profiling, the plans timed side by side), beside the
+   (scripts/bench/speed/speedup.py, MLP 8 x 1024, batch 1024; one profiling, the plans timed side by side), beside the
    simulator's prediction of each; then the planner's ties as a short table and one sentence: which plan won, by
    how much and, where a pipeline lost, why (its bubble and the measured per-sample cost of its slices).
 

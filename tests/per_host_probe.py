@@ -21,7 +21,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 import dapple_tf
 from dapple_tf.cluster.servers import server_config
-from scripts.bench import host_threads
+from scripts.bench.hosts import host_threads
 from tests import script_models, time_major_models, toy_models
 
 TIMEOUT_S = 120
@@ -118,7 +118,8 @@ def in_graph(case, target):
 
 
 def per_host(case, targets):
-    """Every task's graph built here in turn, then all run at once, one thread per task (scripts.bench.host_threads)."""
+    """Every task's graph built here in turn, then all run at once, one thread per task
+    (scripts.bench.hosts.host_threads)."""
     built = []
     used = {d[0] for _, _, devices in case["stages"] for d in devices}
     for task, target in enumerate(targets[:1 + max(used)]):

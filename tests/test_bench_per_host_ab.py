@@ -1,4 +1,4 @@
-"""scripts/bench/per_host_ab.py: dapple_train as one graph and per host, alternated, side by side."""
+"""scripts/bench/hosts/per_host_ab.py: dapple_train as one graph and per host, alternated, side by side."""
 
 import json
 
@@ -8,9 +8,10 @@ from tests.programs import run_program
 
 
 @pytest.mark.slow  # ~35 s: two launches of a 2-task local cluster
+@pytest.mark.primary_only  # benchmarks are recorded in the primary environment
 def test_one_round_side_by_side(tmp_path):
     out = tmp_path / "rows.json"
-    result = run_program("bench.per_host_ab", "--rounds=1", "--plans=dp", "--steps=9", "--global_batch_size=32",
+    result = run_program("bench.hosts.per_host_ab", "--rounds=1", "--plans=dp", "--steps=9", "--global_batch_size=32",
                          "--cpu", f"--json={out}", timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (row,) = json.loads(out.read_text())

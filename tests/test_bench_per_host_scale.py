@@ -1,4 +1,4 @@
-"""scripts/bench/per_host_scale.py: one graph for the cluster against one graph per host, on N local worker
+"""scripts/bench/hosts/per_host_scale.py: one graph for the cluster against one graph per host, on N local worker
 processes; each per-host graph holds fewer operations than the cluster's, and the bench leaves no process behind."""
 
 import json
@@ -8,12 +8,12 @@ import pytest
 
 from tests.programs import run_program
 
-pytestmark = pytest.mark.slow  # ~25 s: three rows, local clusters of 2, 2 x 2 and 4 workers
+pytestmark = [pytest.mark.slow, pytest.mark.primary_only]  # ~25 s: three rows, local clusters of 2, 2 x 2 and 4 workers
 
 
 def test_rows_side_by_side(tmp_path):
     out = tmp_path / "rows.json"
-    result = run_program("bench.per_host_scale", "--tasks=2,4", "--plans=straight", "--steps=2", "--crowd",
+    result = run_program("bench.hosts.per_host_scale", "--tasks=2,4", "--plans=straight", "--steps=2", "--crowd",
                          f"--json={out}", timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     printed = re.findall(r"^straight +(\d+) +(\d+) +(\d+) ", result.stdout, re.M)

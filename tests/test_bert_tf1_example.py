@@ -76,6 +76,7 @@ def test_ported_model_fn_trains_through_dapple_train(ported, tmp_path):
     assert_same_training(want, got)
 
 
+@pytest.mark.long  # per host in CI: tests/test_per_host_estimator.py; BERT per host: the probe's script-bert-hybrid
 def test_ported_model_fn_trains_per_host_as_the_one_graph(ported, tmp_path):
     """Per host (dapple_launch --per_host), every task builds only its part, and the script's own
     tf.clip_by_global_norm runs on the loss's task from every task's gradients

@@ -10,7 +10,7 @@ from planner.formats.model_profile import ModelProfile
 from planner.formats.profile import format_pipedream, parse_pipedream
 from planner.formats import layer_cost_pb2
 from planner.simulation.simulator import KIND_BACKWARD, KIND_SEND_GRADIENT, KIND_WEIGHT
-from scripts.bench import speedup_plans
+from scripts.bench.speed import speedup_plans
 
 
 def _profile(batch_size=8, step_ms=0.0, backward_input=0.0, forward=1.0, backward=2.0, layers=4):

@@ -8,7 +8,7 @@ BATCH = 1024
 
 
 def _row(plan, stages, speedup, ideal=1.0, slices=1.0, simulated=None, single_ms=400.0):
-    """A speed benchmark row (scripts/bench/speedup.py --json) with the keys the verdict reads."""
+    """A speed benchmark row (scripts/bench/speed/speedup.py --json) with the keys the verdict reads."""
     ms = single_ms / speedup
     return {"plan": plan, "stages": stages, "speedup": speedup, "measured_ms": ms, "samples_per_s": BATCH / ms * 1e3,
             "ideal_speedup": ideal, "slice_slowdown": slices, "simulated_speedup": simulated or speedup,

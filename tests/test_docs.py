@@ -102,7 +102,7 @@ def dapple_tf_trainer_parameters():
 # ----- commands -----
 
 PROGRAM = re.compile(r"(?:^|\s)(?:\S*/)?(dapple_(?:profile|plan|simulate|train|launch|demo))(?=\s|$)|"
-                     r"python -m (scripts\.bench\.\w+|scripts\.\w+)(?=\s|$)")
+                     r"python -m (scripts\.bench\.\w+\.\w+|scripts\.bench\.\w+|scripts\.\w+)(?=\s|$)")
 FLAG = re.compile(r"(?:^|[\s\[])--(?:\[no\])?([a-z][a-z0-9_]*)")
 
 
@@ -233,6 +233,18 @@ def test_page_length(name, limit):
 def test_docs_use_current_names(old):
     users = [rel(p) for p in PAGES if old in p.read_text()]
     assert not users, f"{old!r} no longer exists but {users} mention it"
+
+
+def test_benchmarks_named_in_the_docs_exist():
+    """Benchmarks live in sub-packages of scripts/bench/ (`python -m scripts.bench.<folder>.<name>`): every dotted or
+    slashed name under scripts.bench in the pages, code spans or not, is a module or a folder there."""
+    missing = []
+    for path in PAGES:
+        for sep, name in set(re.findall(r"scripts([./])bench\1(\w+(?:\1\w+)*)", path.read_text())):
+            target = ROOT / "scripts" / "bench" / name.replace(sep, "/")
+            if not (target.with_suffix(".py").is_file() or target.is_dir()):
+                missing.append(f"{rel(path)}: scripts{sep}bench{sep}{name}")
+    assert not missing, "\n".join(sorted(missing))
 
 
 def test_python_modules_named_in_the_docs_exist():

@@ -1,9 +1,10 @@
-"""The random equivalence harness (scripts/bench/fuzz.py): a fixed set of seeds trains pipelined as on one
+"""The random equivalence harness (scripts/bench/fuzz/fuzz.py): a fixed set of seeds trains pipelined as on one
 device; cases are drawn the same every time and shrink to valid cases; bad input is named; no process outlives
 the harness, also when it is killed."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from scripts.bench import fuzz_grammar
+from scripts.bench.fuzz import fuzz_grammar
 from tests.programs import ROOT, run_program
 
 # CI's seeds: every layer kind, schedule, replication shape and option appears (asserted below); the long run
@@ -44,7 +45,7 @@ def test_bad_seeds_and_impossible_cases_are_named():
         fuzz_grammar.parse_seed("abc")
     case = json.loads(fuzz_grammar.draw(1, 0).to_json())
     case["stages"] = [[0, len(case["layers"]) - 1, 9]]
-    result = run_program("bench.fuzz", f"--case={json.dumps(case)}", timeout=60)
+    result = run_program("bench.fuzz.fuzz", f"--case={json.dumps(case)}", timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().endswith("needs 9 devices; the harness has 8"), result.stderr
 
@@ -66,7 +67,7 @@ def test_the_harness_failing_itself_stops_the_run_unshrunk():
     the run stops at that case, says so, and shrinks nothing."""
     case = json.loads(fuzz_grammar.draw(1, 0).to_json())
     case["input"] = "no-such-input"
-    result = run_program("bench.fuzz", f"--case={json.dumps(case)}", timeout=120)
+    result = run_program("bench.fuzz.fuzz", f"--case={json.dumps(case)}", timeout=120)
     assert result.returncode == 1, result.stderr[-2000:]
     assert "the harness itself failed" in result.stdout and "stopped: the harness's own part failed" in result.stdout
     assert "shrunk" not in result.stdout
@@ -75,7 +76,7 @@ def test_the_harness_failing_itself_stops_the_run_unshrunk():
 def test_a_failing_run_reports_what_tensorflow_said_not_its_preamble():
     import tensorflow as tf
 
-    from scripts.bench.fuzz_worker import error_line
+    from scripts.bench.fuzz.fuzz_worker import error_line
 
     cycle = tf.errors.InvalidArgumentError(None, None, "Graph execution error:\n\nGraph is invalid, contains a cycle "
                                                        "with 805 nodes, including: _SINK")
@@ -88,7 +89,7 @@ def test_a_failing_run_reports_what_tensorflow_said_not_its_preamble():
 
 
 def test_an_ill_conditioned_case_is_held_to_twice_its_own_movement():
-    from scripts.bench import fuzz
+    from scripts.bench.fuzz import fuzz
 
     case = fuzz_grammar.draw(1, 0)
     well = {"relative": 3e-4, "conditioning": 1e-7, "variable": "w", "weights": 3e-4, "loss": 0.0, "digest": "a"}
@@ -106,7 +107,7 @@ def test_the_reference_normalizes_a_one_row_group_to_exactly_beta():
     import numpy as np
     import tensorflow as tf
 
-    from scripts.bench import fuzz_models
+    from scripts.bench.fuzz import fuzz_models
 
     x, y = fuzz_models.batch("flat", 16, 7 * 7919 + 586)
     with tf.Graph().as_default() as graph:
@@ -121,11 +122,13 @@ def test_the_reference_normalizes_a_one_row_group_to_exactly_beta():
 def test_ci_seeds_train_pipelined_as_on_one_device(tmp_path):
     """~3 min: every drawn case within tolerance of one device, with one repeat of each case compared too."""
     out = tmp_path / "fuzz.json"
-    result = run_program("bench.fuzz", f"--seed={CI_SEED}", f"--cases={CI_CASES}", "--repeat=1",
+    result = run_program("bench.fuzz.fuzz", f"--seed={CI_SEED}", f"--cases={CI_CASES}", "--repeat=1",
                          "--cluster_share=0.2", f"--json={out}", timeout=1800)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     rows = json.load(open(out))
     assert len(rows) == CI_CASES and not [r for r in rows if r["failure"]]
+    assert re.search(rf"^case +1/{CI_CASES} .* \[1/{CI_CASES} cases, [\dhms]+ so far, ~[\dhms]+ left\]$", result.stdout,
+                     re.M), result.stdout[:2000]  # progress and what is left, after every case
     assert any(r["case"]["cluster"] for r in rows)  # the gRPC path ran
     assert any(res["per_host"] for r in rows for res in r["results"])  # and a graph per worker task
     assert max(res["relative"] for r in rows for res in r["results"]) < 2e-4
@@ -155,7 +158,7 @@ def _alive(pids):
 
 
 def test_killing_the_harness_leaves_no_process_behind():
-    harness = subprocess.Popen([sys.executable, "-m", "scripts.bench.fuzz", "--seed=1", "--cases=50", "--load=2"],
+    harness = subprocess.Popen([sys.executable, "-m", "scripts.bench.fuzz.fuzz", "--seed=1", "--cases=50", "--load=2"],
                                cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:

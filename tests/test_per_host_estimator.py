@@ -56,7 +56,7 @@ def test_an_estimator_script_trains_per_host_like_the_one_graph(tmp_path):
     assert int(a["global_step"]) == 9 and all(np.array_equal(a[name], b[name]) for name in a)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # in CI: the per-host probe's script-* cases (tests/test_per_host.py)
 def test_a_tf1_scripts_own_training_step_trains_per_host(tmp_path):
     """The script's model_fn with dapple_tf.minimize and tf.group(minimize_op, update_ops), through pipelined."""
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])], names=LAYERS)

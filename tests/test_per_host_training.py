@@ -161,7 +161,7 @@ def test_tasks_holding_a_variable_alike_describe_the_checkpoint_else_an_error_na
                                  "every task running the same model and plan?")
 
 
-@pytest.mark.slow
+@pytest.mark.long  # in CI: the per-host probe's batch-norm-* cases, and the estimator's summaries per host
 def test_per_host_batch_norm_updates_and_summaries_are_the_one_graphs(tmp_path):
     """tests/user_model.py's batch norm in stage 0 (task 0), the loss in stage 1 (task 1): task 1 combines the
     statistics of task 0's clones, updates the moving averages on task 0 and saves them; its summary reads the
@@ -180,6 +180,7 @@ def test_per_host_batch_norm_updates_and_summaries_are_the_one_graphs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.primary_only  # on TF 2.21: the per-host probe's hybrid cases (tests/test_per_host.py), in process
 def test_per_host_hybrid_plan_trains_like_the_one_graph(tmp_path):
     """Stage 0 replicated over both tasks (its gradients summed across them), stage 1 on task 0's second device.
     Grappler may fuse an activation differently in a task's smaller graph (tests/test_per_host.py): a few ulps."""
@@ -197,7 +198,7 @@ def test_per_host_hybrid_plan_trains_like_the_one_graph(tmp_path):
     _assert_same(_checkpoint(resumed / "model.ckpt-9"), _checkpoint(one_graph / "model.ckpt-9"), exact=False)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # in CI: the per-host probe's two-copies-in-one-task and sync-batch-norm-in-one-task
 def test_replicas_within_one_task_train_like_the_one_graph(tmp_path):
     """Each stage replicated on its task's two devices: per host their gradients are summed by the exchange (a TF
     collective within task 1's session waits on the cluster's group leader, task 0, and its first step was
@@ -209,7 +210,7 @@ def test_replicas_within_one_task_train_like_the_one_graph(tmp_path):
                  _checkpoint(tmp_path / "one_graph" / "model.ckpt-3"), exact=False)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # in CI: the per-host probe's data-parallel-4-two-rounds (3 tasks)
 def test_tasks_that_exchange_no_tensor_still_agree_on_checkpoints_and_wait_for_each_other(tmp_path):
     """Data parallelism on 6 devices of 3 tasks: the exchange sums task 2's gradients on task 0, so tasks 1 and 2
     exchange no tensor, yet all three agree who saves what and wait for each other at the end (before: a queue

@@ -53,7 +53,7 @@ def test_matches_single_device(values, name, stages, m, n, schedule, stage_funct
 
 ZERO_BUBBLE_PLANS = [p for p in PLANS if p[0] in ("1 stage, M=4 (accumulation)", "4 straight stages", "2:1", "1:2",
                                                    "3 stages 2:1:3, uneven")] + [
-    # the last stage cuts its input gradients into the middle replicas' pieces, in B (found by scripts.bench.fuzz:
+    # the last stage cuts its input gradients into the middle replicas' pieces, in B (found by scripts.bench.fuzz.fuzz:
     # cut in W, they waited for the deferred W, after the next B, whose forward waited for the replicas: a cycle)
     ("3 stages 1:2:1, M=4", [(0, 0, [cpu(0)]), (1, 2, [cpu(1), cpu(2)]), (3, 4, [cpu(3)])], 4, 16),
 ]

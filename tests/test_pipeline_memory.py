@@ -1,7 +1,7 @@
 """Table 5's pattern in TF's BFC allocator figures: DAPPLE's early backward keeps peak memory flat
 in M, GPipe's grows; re-computation lowers both for about one extra forward per micro-batch.
 
-Runs scripts/bench/pipeline_memory.py in a fresh process (the BFC CPU allocator must be chosen
+Runs scripts/bench/memory/pipeline_memory.py in a fresh process (the BFC CPU allocator must be chosen
 before TensorFlow starts).
 """
 
@@ -18,7 +18,7 @@ from tests.programs import run_program
 @pytest.mark.slow
 def test_table5_pattern(tmp_path):
     out = tmp_path / "memory.json"
-    result = run_program("bench.pipeline_memory", "--micro_batches=2,4,16", f"--json={out}", timeout=600)
+    result = run_program("bench.memory.pipeline_memory", "--micro_batches=2,4,16", f"--json={out}", timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = {(r["schedule"], r["recompute"], r["M"]): r for r in json.loads(out.read_text())}
     assert len(rows) == 12, sorted(rows)

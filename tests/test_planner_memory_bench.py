@@ -1,4 +1,4 @@
-"""The planner's memory model against the runtime (scripts/bench/planner_memory.py): the benchmark runs, and the
+"""The planner's memory model against the runtime (scripts/bench/memory/planner_memory.py): the benchmark runs, and the
 estimated per-device peak of a 2-stage plan describes the peak measured in a traced pipelined step.
 
 Both sides read TF's allocator, whose peaks follow the executor's op order: the benchmark's 25% target is
@@ -18,7 +18,7 @@ from tests.programs import run_program
 @pytest.mark.long
 def test_estimated_peak_describes_the_measured_one(tmp_path):
     out = tmp_path / "rows.json"
-    r = run_program("bench.planner_memory", "--models=mlp,vgg19,gnmt", f"--json={out}")
+    r = run_program("bench.memory.planner_memory", "--models=mlp,vgg19,gnmt", f"--json={out}")
     assert r.returncode == 0, r.stderr
     rows = json.load(open(out))
     assert [row["model"] for row in rows] == ["mlp", "vgg19", "gnmt"]

@@ -98,7 +98,7 @@ def test_bench_schedules_prints_each_schedule_for_the_paper_configurations():
     from tests.programs import run_program
     from tests.shared_profiles import PROFILES
 
-    result = run_program("bench.schedules", f"--profiles={PROFILES}", timeout=120)
+    result = run_program("bench.planning.schedules", f"--profiles={PROFILES}", timeout=120)
     assert result.returncode == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("bert-48-pbs-2   paper_a")]
     assert [(r[4], r[5], r[6]) for r in rows] == [("dapple", "800.0", "1.000"), ("zb-h1", "741.1", "0.926"),

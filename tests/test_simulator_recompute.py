@@ -6,7 +6,7 @@ import pytest
 from planner.simulation.gantt import draw_gantt
 from planner.formats.schedule import build_schedule
 from planner.simulation.simulator import KIND_BACKWARD, KIND_FORWARD, KIND_RECOMPUTE, StageCost, simulate
-from scripts.bench.schedule_memory import table5_rows
+from scripts.bench.memory.schedule_memory import table5_rows
 from tests.shared_profiles import requires_profiles
 
 
@@ -49,7 +49,7 @@ def test_gantt_draws_recompute_boxes(tmp_path):
 
 @requires_profiles
 def test_simulated_table5_with_recompute():
-    """BERT-48 on config B (scripts/bench/schedule_memory.py): the paper's RC ratios."""
+    """BERT-48 on config B (scripts/bench/memory/schedule_memory.py): the paper's RC ratios."""
     rows = {(r["schedule"], r["M"]): r for r in table5_rows(micro_batches=(2, 16), recompute=(False, True))}
     for kind in ("gpipe", "dapple"):
         plain, rc = rows[(kind, 2)], rows[(kind + "+RC", 2)]

@@ -1,9 +1,9 @@
-"""The DAPPLE paper's Table 5 pattern in simulation (scripts/bench/schedule_memory.py)."""
+"""The DAPPLE paper's Table 5 pattern in simulation (scripts/bench/memory/schedule_memory.py)."""
 
 
 import pytest
 
-from scripts.bench.schedule_memory import GIB, table5_rows
+from scripts.bench.memory.schedule_memory import GIB, table5_rows
 from tests.shared_profiles import requires_profiles
 from tests.programs import run_program
 
@@ -37,7 +37,7 @@ def test_output_only_activations_never_run_out_of_memory():
 
 
 def test_script_prints_the_table():
-    result = run_program("bench.schedule_memory", "--micro_batches=2,3,16", timeout=120)
+    result = run_program("bench.memory.schedule_memory", "--micro_batches=2,3,16", timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[1].split()[:4] == ["schedule", "M", "K", "samples/s"]

@@ -1,9 +1,9 @@
-"""scripts/bench/speedup_budget.py: the factors between a plan's ideal speedup and the simulated one."""
+"""scripts/bench/speed/speedup_budget.py: the factors between a plan's ideal speedup and the simulated one."""
 
 import pytest
 
 from planner.formats.model_profile import ModelProfile
-from scripts.bench.speedup_budget import speedup_budget
+from scripts.bench.speed.speedup_budget import speedup_budget
 
 
 def _model(forward, backward, backward_input=()):

@@ -1,9 +1,9 @@
-"""scripts/bench/speedup_runs.py: several runs' rows in, each plan's bound and measured / simulated per run and the
-counts of issue 47's targets out."""
+"""scripts/bench/speed/speedup_runs.py: several runs' rows in, each plan's bound and measured / simulated per run and
+the counts of issue 47's targets out."""
 
 import json
 
-from scripts.bench import speedup_runs
+from scripts.bench.speed import speedup_runs
 from tests.programs import run_program
 
 
@@ -26,5 +26,5 @@ def test_runs_side_by_side(tmp_path):
     assert lines[2].split() == ["straight2-M8", "1.53", "1.55", "1.3%", "0.98", "1.02", "0.97", "0.97"]
     assert lines[3] == ("measured / simulated within 10% in every run: 1 of 2 plans (50%); within 15%: 2 (100%)")
     assert lines[4] == "bound after compute moved by more than 5% between runs: dp2 (6.2%)"
-    result = run_program("bench.speedup_runs", *paths)
+    result = run_program("bench.speed.speedup_runs", *paths)
     assert result.returncode == 0 and result.stdout.strip() == text

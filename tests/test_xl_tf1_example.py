@@ -66,7 +66,7 @@ def test_the_port_is_three_lines_none_in_model_fn():
     assert not any("minimize" in line or "model_fn(" in line for line in changed)
 
 
-@pytest.mark.parametrize("stages", [STRAIGHT, TWO_ONE], ids=["straight", "2:1"])
+@pytest.mark.parametrize("stages", [pytest.param(STRAIGHT, marks=pytest.mark.long), TWO_ONE], ids=["straight", "2:1"])
 def test_ported_script_trains_pipelined_inside_the_encoder_as_on_one_device(ported, one_device, tmp_path, stages):
     want, init = one_device
     plan = ported_examples.plan_file(tmp_path / "plan.json", stages, 4)  # M=4, global batch 16

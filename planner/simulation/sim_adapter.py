@@ -21,7 +21,7 @@ AllReduce overlaps the last backward by default (`overlap_allreduce=True`): the 
 stage's gradients in buckets as the last micro-batch's backward produces them (dapple_tf/rewrite/update/gradients.py;
 measured in tests/test_planner_overlap.py); False starts it after the last backward.
 `activation_multiplier` scales stashed activations for models whose profile records only layer
-outputs (see scripts/bench/schedule_memory.py); 1.0 is what the planner assumes.
+outputs (see scripts/bench/memory/schedule_memory.py); 1.0 is what the planner assumes.
 """
 
 from __future__ import annotations

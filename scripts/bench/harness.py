@@ -1,6 +1,7 @@
 """What the benchmarks share: virtual CPU devices and their session config, the BFC allocator, timing,
 synthetic batches, optimizers and plans on virtual CPUs, child programs (dapple_launch, horovodrun) whose
-output is streamed, the published profiles and writing rows as JSON.
+output is streamed, the published profiles, writing rows as JSON, and progress lines with an estimate of what is left
+(`Progress`).
 
 Nothing here imports TensorFlow at import time: a benchmark may set TF's environment first.
 """
@@ -14,9 +15,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from scripts.cli import shared_profiles, split_cpu
 
-__all__ = ["cpu_config", "cpu_plan", "launch_command", "mlp_spec", "module_command", "optimizer", "profile_path",
-           "split_cpu", "stream_command", "synthetic_batch", "timed", "use_bfc_allocator", "virtual_cpus",
-           "write_rows"]
+__all__ = ["Progress", "alternating_median_ms", "cpu_config", "cpu_plan", "duration_text", "launch_command",
+           "mlp_spec", "module_command", "optimizer", "profile_path", "progress_text", "split_cpu", "stream_command",
+           "synthetic_batch", "timed", "use_bfc_allocator", "virtual_cpus", "write_rows"]
 
 
 def use_bfc_allocator() -> None:
@@ -114,6 +115,83 @@ def timed(fn: Callable):
     start = time.perf_counter()
     value = fn()
     return value, time.perf_counter() - start
+
+
+def duration_text(seconds: float) -> str:
+    """'8s', '1m40s', '1h05m' (whole seconds; whole minutes from an hour on)."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def progress_text(done: int, total: int, what: str, elapsed_s: float, then: str = "") -> str:
+    """'[3/8 plans built, 40s so far, ~1m07s left]': the units left times the elapsed time per unit done (no estimate
+    before the first unit; the time taken once all are done); `then`, e.g. 'then timing ~2m', is added inside the
+    brackets while units are left."""
+    if done <= 0:
+        text = f"0/{total} {what}"
+    elif done >= total:
+        text = f"{done}/{total} {what} in {duration_text(elapsed_s)}"
+    else:
+        text = (f"{done}/{total} {what}, {duration_text(elapsed_s)} so far, "
+                f"~{duration_text(elapsed_s / done * (total - done))} left")
+    return f"[{text}{', ' + then if then and done < total else ''}]"
+
+
+class Progress:
+    """Progress of `total` units of repeated work (cases, rounds, plans): after each, `advance(note)` prints the note
+    and progress_text (the estimate of what is left is the elapsed time per unit done times the units left), timed
+    from the Progress's creation; with `every_s`, only when that many seconds passed since the last line (and after
+    the last unit), for many short units."""
+
+    def __init__(self, total: int, what: str, log: Callable[[str], None] = None, clock: Callable[[], float] = None,
+                 every_s: float = 0.0):
+        self.total, self.what, self.done = total, what, 0
+        self._log = log or (lambda text: print(text, flush=True))
+        self._clock = clock or time.perf_counter
+        self._start = self._clock()
+        self._every_s, self._logged = every_s, self._start
+
+    def elapsed_s(self) -> float:
+        return self._clock() - self._start
+
+    def left_s(self) -> Optional[float]:
+        """The estimate of what is left (None before the first unit)."""
+        return self.elapsed_s() / self.done * (self.total - self.done) if self.done else None
+
+    def text(self, then: str = "") -> str:
+        return progress_text(self.done, self.total, self.what, self.elapsed_s(), then)
+
+    def advance(self, note: str = "", count: int = 1, then: str = "") -> str:
+        """Counts `count` units done and logs '<note> [progress]' (indented by the note's own spaces), or
+        '  [progress]'; returns it ("" when `every_s` held it back)."""
+        self.done += count
+        now = self._clock()
+        if self.done < self.total and now - self._logged < self._every_s:
+            return ""
+        self._logged = now
+        line = f"{note} {self.text(then)}" if note else f"  {self.text(then)}"
+        self._log(line)
+        return line
+
+
+def alternating_median_ms(runs, rounds: int, steps: int):
+    """profiler.timing.alternating_median_ms with a progress line after each round: ({name: median over the rounds},
+    {name: fastest round}) of median_run_ms(session, fetches, warmup=1, runs=steps) for runs = {name: (session,
+    fetches)}, each round running every one in turn."""
+    import statistics  # pylint: disable=import-outside-toplevel
+
+    from profiler.timing import median_run_ms  # pylint: disable=import-outside-toplevel
+
+    samples, progress = {name: [] for name in runs}, Progress(max(1, rounds), "rounds")
+    for _ in range(max(1, rounds)):
+        for name, (session, fetches) in runs.items():
+            samples[name].append(median_run_ms(session, fetches, warmup=1, runs=steps))
+        progress.advance()
+    return ({name: statistics.median(v) for name, v in samples.items()}, {name: min(v) for name, v in samples.items()})
 
 
 def module_command(module: str, *args: str) -> List[str]:

@@ -176,7 +176,7 @@ _HIDDEN = ("profile at", "dapple_launch:", "planner: ties:", "wrote ")
 def speed_command(rows_path: str) -> List[str]:
     """The speed benchmark as the demo runs it: one worker, the planner's choice for 2 workers and straight 2-stage
     pipelines at M=2 and 4, profiled once, timed side by side in rounds; its rows written to `rows_path`."""
-    return [sys.executable, "-m", "scripts.bench.speedup", "--num_workers=2", "--micro_batches=2,4",
+    return [sys.executable, "-m", "scripts.bench.speed.speedup", "--num_workers=2", "--micro_batches=2,4",
             f"--plans={','.join(SPEED_PLANS)}", "--gpipe=false", "--zero_bubble=false", "--interleaved=false",
             "--batched_w=false", "--steps=3", "--rounds=2", "--profile_rounds=3", f"--json={rows_path}"]
 
@@ -204,7 +204,7 @@ def _streamed(command: Sequence[str]) -> Tuple[int, List[str]]:
 
 def speedup_section() -> None:
     """6. The measured speedup over one pinned worker of the planner's choice for 2 workers and of 2-stage pipelines
-    (scripts/bench/speedup.py), the planner's ties and one sentence on which won and why; or why it is skipped."""
+    (scripts/bench/speed/speedup.py), the planner's ties and one sentence on which won and why; or why it is skipped."""
     from dapple_tf.cluster.servers import usable_cores
     from scripts.workflows import demo_verdict
 

@@ -1,6 +1,6 @@
 """What dapple_demo says under the speed benchmark's table: the planner's ties as a short table, and one sentence
 on which plan won, by how much and, where a pipeline lost, why. Both are computed from the benchmark's --json rows
-(scripts/bench/speedup.py: `plan`, `stages`, `speedup`, `ideal_speedup`, `slice_slowdown`, `simulated_speedup`,
+(scripts/bench/speed/speedup.py: `plan`, `stages`, `speedup`, `ideal_speedup`, `slice_slowdown`, `simulated_speedup`,
 and on the planner's row `ties` and `profile_spread`), so they run on hand-made rows too.
 """
 
