@@ -277,6 +277,7 @@ WAIT_FOR_WORKERS = ("from dapple_tf.cluster.servers import TFCluster, wait_for_w
                     "wait_for_workers(TFCluster.from_tf_config(), 60); print('workers up')")
 
 
+@pytest.mark.primary_only  # process handling, not TensorFlow's: TF 2.21 runs the training launches
 def test_launcher_pins_workers_and_their_thread_pools_reach_the_servers():
     """Each worker reports, from inside its own process, the cores it runs on and the thread pools its
     server was started with: one core each, intra 1 and inter 2 (one thread left for transfers), or

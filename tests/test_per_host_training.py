@@ -223,6 +223,7 @@ def test_tasks_that_exchange_no_tensor_still_agree_on_checkpoints_and_wait_for_e
 
 
 @pytest.mark.slow
+@pytest.mark.primary_only  # process handling, not TensorFlow's: TF 2.21 runs the training launches
 def test_a_killed_task_ends_every_other_naming_it(tmp_path):
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
     launch = Launch("--cluster=local:2x1", "--per_host", "--", "dapple_train", "--model=mlp", f"--plan={plan}",
@@ -243,6 +244,7 @@ def test_a_killed_task_ends_every_other_naming_it(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.primary_only  # process handling, not TensorFlow's: TF 2.21 runs the training launches
 def test_checkpoints_by_seconds_are_at_steps_every_task_agrees_on(tmp_path):
     """--save_checkpoints_secs per host: turned into a number of steps from the first steps' time, the first task's
     choice (parts of different steps could not be merged: task 0 would stop naming them)."""
@@ -259,6 +261,7 @@ def test_checkpoints_by_seconds_are_at_steps_every_task_agrees_on(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.primary_only  # process handling, not TensorFlow's: TF 2.21 runs the training launches
 def test_tasks_reading_different_batches_are_an_error_naming_them(tmp_path):
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 0, [0]), (1, 1, [1])], names=("encode", "decode"))
     result = run_program("dapple_launch", "--cluster=local:2x1", "--per_host", "--", "dapple_train",
@@ -270,6 +273,7 @@ def test_tasks_reading_different_batches_are_an_error_naming_them(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.primary_only  # process handling, not TensorFlow's: TF 2.21 runs the training launches
 def test_tf_config_disagreeing_with_the_plan_is_an_error_naming_both(tmp_path):
     plan = _plan_file(tmp_path / "plan.json", 2, 1, [(0, 1, [0]), (2, 2, [1])])
     result = run_program("dapple_launch", "--cluster=local:3x1", "--per_host", "--", "dapple_train", "--model=mlp",
@@ -290,6 +294,7 @@ def _profile_file(path):
 
 
 @pytest.mark.slow
+@pytest.mark.primary_only  # process handling, not TensorFlow's: TF 2.21 runs the training launches
 def test_per_host_without_a_plan_trains_the_plan_task_0_makes(tmp_path):
     """No --plan: worker task 0 plans (here from a --profile, so that the chief plans the same), the other task
     waits for that plan instead of planning; the checkpoints are the one graph's to the last bit."""
