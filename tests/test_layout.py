@@ -280,3 +280,93 @@ def test_the_declared_imports_check_sees_an_undeclared_import(tmp_path):
         (tmp_path / "rw" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "rw" / name).write_text(text)
     assert _undeclared_package_imports(tmp_path, "rw") == ["rw.a.x imports rw.c.z", "rw.b.y imports rw.a.x"]
+
+
+# What asks whether a device is this task's (issue 60 item 1): only the lowering and the per-host modules, in hosts/
+HOST_QUESTIONS = ("is_local", "per_host", "InGraph", "HostPart", "host_part")
+
+
+def _identifiers(node: ast.AST):
+    """The names a node of code spells: names, attributes, arguments and keywords, definitions, imported modules."""
+    if isinstance(node, ast.Name):
+        yield node.id
+    elif isinstance(node, ast.Attribute):
+        yield node.attr
+    elif isinstance(node, ast.arg):
+        yield node.arg
+    elif isinstance(node, ast.keyword) and node.arg:
+        yield node.arg
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        yield node.name
+    elif isinstance(node, ast.alias):
+        yield from node.name.split(".")
+        yield from [node.asname] if node.asname else []
+    elif isinstance(node, ast.ImportFrom) and node.module:
+        yield from node.module.split(".")
+
+
+def _host_questions(root: pathlib.Path = ROOT, prefix: str = REWRITE, allowed: str = "hosts"):
+    """Where a module of `prefix` outside its sub-package `allowed` mentions one of HOST_QUESTIONS in its code (not in
+    its comments or strings)."""
+    folder = root / prefix.replace(".", "/")
+    found = set()
+    for path in _modules(prefix.replace(".", "/"), root):
+        if path.relative_to(folder).parts[0] == allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            for word in _identifiers(node):
+                if word in HOST_QUESTIONS:
+                    found.add(f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)} {word}")
+    return sorted(found)
+
+
+def test_only_the_lowering_asks_whether_a_device_is_this_tasks():
+    """The builders of stages, reductions, transforms and the apply get the lowered program (hosts/lowering.py) and
+    build for the devices it lists; they never ask whether a device is local, nor which kind of graph they build."""
+    assert _host_questions() == []
+
+
+def test_the_host_question_check_sees_a_builder_asking(tmp_path):
+    files = {
+        "__init__.py": "", "hosts/__init__.py": "", "a/__init__.py": "",
+        "hosts/part.py": "class HostPart:\n    per_host = True\n\n    def is_local(self, d):\n        return True\n",
+        "a/branch.py": "def f(host, d):\n    # is_local in a comment, and a string: fine\n    x = 'HostPart'\n"
+                       "    return host.is_local(d)\n",
+        "a/imports.py": "from rw.hosts import part as host_part\nimport rw.hosts.host_part\n",
+        "a/argument.py": "def g(per_host=False):\n    return per_host\n\n\ng(per_host=True)\n",
+        "top.py": "from rw.hosts.part import HostPart\n\n\nclass InGraph(HostPart):\n    pass\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "rw" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "rw" / name).write_text(text)
+    assert _host_questions(tmp_path, "rw") == [
+        "rw/a/argument.py:1 per_host", "rw/a/argument.py:2 per_host", "rw/a/argument.py:5 per_host",
+        "rw/a/branch.py:4 is_local", "rw/a/imports.py:1 host_part", "rw/a/imports.py:2 host_part",
+        "rw/top.py:1 HostPart", "rw/top.py:4 HostPart", "rw/top.py:4 InGraph"]
+
+
+MAX_MODULES_PER_FOLDER = 15  # issue 60: a folder of more reads as a heap, not a room
+
+
+def _crowded_folders(top: str, root: pathlib.Path = ROOT):
+    """(folder, modules) of each folder under `top` holding more than MAX_MODULES_PER_FOLDER modules side by side
+    (`__init__.py` not counted)."""
+    folders = [root / top] + [p for p in (root / top).rglob("*") if p.is_dir() and p.name != "__pycache__"]
+    for folder in folders:
+        count = len([p for p in folder.glob("*.py") if p.name != "__init__.py"])
+        if count > MAX_MODULES_PER_FOLDER:
+            yield str(folder.relative_to(root)), count
+
+
+@pytest.mark.parametrize("top", ["dapple_tf", "scripts"])
+def test_no_folder_holds_more_than_fifteen_modules(top):
+    assert list(_crowded_folders(top)) == []
+
+
+def test_the_folder_check_sees_a_crowded_folder(tmp_path):
+    crowded = tmp_path / "pkg" / "heap"
+    crowded.mkdir(parents=True)
+    for i in range(MAX_MODULES_PER_FOLDER + 1):
+        (crowded / f"m{i}.py").write_text('"""A module."""\n')
+    (tmp_path / "pkg" / "few.py").write_text('"""A module."""\n')
+    assert list(_crowded_folders("pkg", tmp_path)) == [("pkg/heap", 16)]

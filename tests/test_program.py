@@ -70,6 +70,35 @@ def test_reductions_follow_the_runtimes_rule():
     assert program_lib.reduction_means(gpus, per_host=True) == program_lib.COLLECTIVE  # NCCL
 
 
+PIECES, RING = program_lib.EXCHANGE_PIECES, program_lib.COLLECTIVE
+
+
+@pytest.mark.parametrize("stages, means", [
+    (STAGES, [PIECES, PIECES, PIECES]),  # one graph, task 0, task 1: CPUs of two processes
+    ([[f"{T0}/device:CPU:0", f"{T0}/device:CPU:1"], [f"{T1}/device:CPU:0"]], [RING, PIECES]),  # task 1 takes no part
+    ([[f"{T0}/device:GPU:0", f"{T1}/device:GPU:0"], [f"{T1}/device:GPU:1"]], [RING, RING, RING])])  # NCCL
+def test_the_runtimes_lowering_builds_the_devices_and_reductions_its_program_lowers_to(stages, means):
+    """The object build_pipeline's builders get (dapple_tf/rewrite/hosts/lowering.py) is made from the lowered
+    program: it builds the devices the lowering lists, and sums each reduction by the means the lowering names."""
+    from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
+
+    from dapple_tf.rewrite.hosts import lowering as lowering_lib  # pylint: disable=import-outside-toplevel
+
+    layout = SimpleNamespace(stages=[SimpleNamespace(devices=d) for d in stages], num_micro_batches=2,
+                             micro_batch_size=4, schedule=build_schedule(2, 2, "dapple"), recompute=(False, False))
+    devices = [d for replicas in stages for d in replicas]
+    found = []
+    for own_task in (None, T0, T1):
+        part = lowering_lib.lowering(layout, own_task, devices)
+        assert part.lowered == program_lib.lower(program_lib.build_program(stages, 8, layout.schedule), own_task)
+        assert part.built(part.lowered.program.devices) == list(part.devices)
+        assert [d for _, d in part.replicas(stages[0])] == [d for d in stages[0] if d in part.devices]
+        for reduction, how in part.lowered.reductions:
+            assert part.exchanges(reduction.devices) == (how != program_lib.COLLECTIVE), (own_task, how)
+            found.append(how)
+    assert found == means
+
+
 def test_uneven_slices_move_the_overlapping_rows():
     program = program_lib.build_program([["a", "b", "c"], ["d", "e"]], 7, build_schedule(2, 1, "gpipe"))
     assert [(r.first_row, r.rows) for r in program.stages[0]] == [(0, 3), (3, 2), (5, 2)]

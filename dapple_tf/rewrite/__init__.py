@@ -26,9 +26,12 @@ here only pipeline.py (build_pipeline) and options.py (PipelineOptions).
    pipeline.py, update/replicas.py, batch/batch_norm.py, template/summaries.py): a script's loss scale in each
    clone's seed (step 4), clipping and the gradient function (or the script's own transform, replayed), the
    optimizer's step on every copy, UPDATE_OPS once per step, the model's summaries built again on the pipeline.
-Per-host graphs (PipelineOptions.own_task): the same passes over one task's devices, with what crosses to other
-tasks' graphs in shared queues (hosts/host_part.py, hosts/host_boundaries.py, hosts/boundary_exchange.py); sums over
-the tasks in one order (hosts/task_sums.py); a script's own gradient transform replayed on the loss's task
+The passes build for the devices the lowering lists: the pipeline program of the layout (planner.formats.program,
+plain data) lowered for this graph (hosts/lowering.py), every device's (one graph) or one task's (per-host graphs,
+PipelineOptions.own_task). Only the lowering and hosts/ ask whether a device is this task's: what crosses to other
+tasks' graphs goes in shared queues (hosts/host_part.py, hosts/host_boundaries.py, hosts/boundary_exchange.py); sums
+over the tasks in one order (hosts/task_sums.py); the gradients as a graph reduces and transforms them
+(hosts/lowered_gradients.py), a script's own gradient transform replayed on the loss's task
 (hosts/host_transform.py); sync batch norm's sums over CPU replicas through queues (hosts/host_sync_batch_norm.py);
 built in a scratch copy of the task's graph, of which the task's graph receives only what its part reads
 (hosts/host_graph.py).

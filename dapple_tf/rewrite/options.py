@@ -49,7 +49,7 @@ class PipelineOptions:
     gradient_fn: fn([(gradient, variable)]) -> [(gradient, variable)], run once per step on the full-batch
         gradients of the user's variables (after clipping), for what a script does between its gradients and
         apply_gradients (per-variable scaling, clipping by value, noise); it must return each variable it got.
-    own_task: build only this task's part of the pipeline (per-host graphs, host_part.py): every task of the
+    own_task: build only this task's part of the pipeline (per-host graphs, hosts/lowering.py): every task of the
         cluster runs the same program with its own task ("/job:worker/replica:0/task:1") and a session on its own
         server; tensors between tasks go through shared queues. None: one graph for every device of the plan.
     whole_template: with own_task, keep every task's layers in this task's graph (the model as traced once, which

@@ -25,7 +25,7 @@ from tensorflow.python.eager import context
 
 from dapple_tf.rewrite.batch import batch_norm as batch_norm_lib
 from dapple_tf.rewrite.graphs import graph_walk
-from dapple_tf.rewrite.hosts import host_graph, host_part
+from dapple_tf.rewrite.hosts import host_graph, lowering as lowering_lib
 from dapple_tf.rewrite.stages import stage_function
 from dapple_tf.rewrite.template import (outputs as outputs_lib, random_ops, summaries, template as template_lib,
                                         template_devices)
@@ -157,18 +157,10 @@ def build_pipeline(model_fn, features, labels, optimizer, plan, options: Optiona
     """
     require_graph_mode("build_pipeline")
     options, plan = _check_inputs(optimizer, plan, options)
-    graph = tf.compat.v1.get_default_graph()
-    if options.own_task is None or options.whole_template:
-        return _build(graph, model_fn, (features, labels, global_step), optimizer, plan, options, layers)[0]
-    try:
-        handle, fields = host_graph.build_in_scratch(
-            graph, lambda arguments: _build(tf.compat.v1.get_default_graph(), model_fn, arguments, optimizer, plan,
-                                            options, layers), (features, labels, global_step), _GRAPH_FIELDS)
-    except host_graph.CrossGraphError as e:
-        tf.compat.v1.logging.warning(f"this task's graph keeps every task's layers (PipelineOptions.whole_template): "
-                                     f"building in a scratch graph failed on a tensor made outside model_fn ({e})")
-        return _build(graph, model_fn, (features, labels, global_step), optimizer, plan, options, layers)[0]
-    return dataclasses.replace(handle, tasks=_tasks_used(options.own_task, graph), **fields)
+    return host_graph.build_graph(
+        tf.compat.v1.get_default_graph(),
+        lambda graph, arguments: _build(graph, model_fn, arguments, optimizer, plan, options, layers),
+        (features, labels, global_step), _GRAPH_FIELDS, options)
 
 
 # The PipelineHandle's fields that hold tensors, operations or variables
@@ -186,9 +178,9 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
     optimizer, options, global_step = _training(model_train, optimizer, options, global_step)
     layout = PipelineLayout.of(plan, template, options.schedule, options.recompute)
     random_ops.warn_per_slice(template.stages, layout)
-    host = host_part.host_part(options.own_task, plan.devices)
-    host_part.check_supported(host, options)
-    loss_scaling.check_dynamic_scale_per_host(host, optimizer, model_train)
+    # the program of the layout, lowered for this graph: every device's (one graph) or options.own_task's
+    lowering = lowering_lib.lowering(layout, options.own_task, plan.devices)
+    lowering.check_supported(options, optimizer, model_train)
     trainable = set(model_train.script.variables) if model_train.script else set(tf.compat.v1.trainable_variables())
     keys = collectives.CollectiveKeys(graph)
     copies = VariableCopies()
@@ -201,23 +193,22 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
                            sync_statistics=updates.synchronized,
                            input_gradients_first=options.input_gradients_first,
                            square_sparse=options.clip_global_norm is not None or bool(
-                               model_train.script and model_train.script.flow.substitutes), host=host,
+                               model_train.script and model_train.script.flow.substitutes), lowering=lowering,
                            loss_seed=loss_scaling.loss_seed(model_train))
     builder.build_forward()
     builder.build_backward()
     builder.chain()
-    extra_outputs, update_ops = _combined_once(builder, updates, model_summaries, layout.stages[-1].devices[0], host)
+    extra_outputs, update_ops = lowering.combined_once(builder, updates, model_summaries, layout.stages[-1].devices[0])
     loss_mean = builder.loss_mean(layout.stages[-1].devices[0])
     if loss_mean is not None:
         with tf.device(layout.stages[-1].devices[0]):
             loss_mean = tf.identity(loss_mean, name="dapple_loss")
-    if global_step is not None and not host.is_local(global_step.device):
-        global_step = None  # its own task's graph counts the steps
+    global_step = lowering.own_global_step(global_step)
     step = _reduce_and_apply(graph, builder, copies, keys, optimizer, options, global_step, update_ops,
-                             layout.stages[-1].devices[0], model_train.script, host, first_part_op)
-    initializer, local_init, broadcast = _initializers(graph, copies, step.slot_pairs, host)
-    train_op = model_train.run_after(host_part.step_op(step.train_op, host, loss_mean))
-    ready = _remote_uninitialized(host, [train_op, local_init]) if host.per_host else None
+                             layout.stages[-1].devices[0], model_train.script, lowering, first_part_op)
+    initializer, local_init, broadcast = _initializers(graph, copies, step.slot_pairs, lowering)
+    train_op = model_train.run_after(lowering.step_op(step.train_op, loss_mean))
+    ready = lowering.ready_for_local_init([train_op, local_init])
     return PipelineHandle(
         train_op=train_op,
         loss=loss_mean,
@@ -237,23 +228,9 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
         function_call_ops=builder.function_call_ops(),
         global_norm=step.global_norm,
         ready_for_local_init_op=ready,
-        tasks=_tasks_used(host.task, graph) if host.per_host else (),
+        tasks=lowering.tasks_used(graph),
     ), first_part_op
 
-
-
-def _combined_once(builder, updates, model_summaries, device: str, host):
-    """(extra outputs, update ops): what is combined over every clone once per step on `device` (the loss's), and
-    the model's summaries. A per-host graph of another task sends its clones' values there instead, and has none
-    of them."""
-    if host.is_local(device):
-        extra_outputs = builder.extra_outputs()
-        update_ops = updates.build(builder.combined, device)
-        model_summaries.build(builder.combined, device)
-        return extra_outputs, update_ops
-    builder.send_extras(list(builder.template.extras) + updates.combined_extras() + model_summaries.combined_extras())
-    model_summaries.build(None, device)
-    return {}, []
 
 
 def _check_inputs(optimizer, plan, options: Optional[PipelineOptions]) -> Tuple[PipelineOptions, Plan]:
@@ -354,25 +331,24 @@ class _Step:
 
 def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCopies, keys, optimizer,
                       options: PipelineOptions, global_step, update_ops: List[tf.Operation], norm_device: str,
-                      script=None, host=None, first_part_op: int = 0) -> _Step:
+                      script, lowering, first_part_op: int) -> _Step:
     """AllReduce of the accumulated gradients (gradients.py), clipping and the gradient function
-    (gradient_transforms.py), then the optimizer's step on every copy (apply_step.py)."""
+    (gradient_transforms.py), then the optimizer's step on every copy (apply_step.py), of the devices and gradients
+    the lowering has this graph build (hosts/lowering.py)."""
     # Collectives wait for the stale-copy check (StaleCopyCheck), so a failing check stops the step with its own
     # message, not with the collectives it would otherwise cancel mid-flight.
     stale_copy_check = copies.stale_copy_check()
     stale_copy_check.hold_collectives(graph.get_operations()[first_part_op:])
     first_reduce_op = len(graph.get_operations())
-    variable_devices = builder.variable_devices() if host is not None and host.per_host else None
-    kinds = builder.gradient_kinds() if variable_devices is not None else None
-    gathered = {v for v, rows in kinds.items() if rows} if kinds is not None else None
+    cluster = lowering.gradients(builder, copies.copies_of)
     grads_and_vars, apply_pairs = gradients.reduce_and_pair(
         builder.accumulator, copies, keys, options.cross_process_reduce, options.allreduce_bucket_bytes,
-        start_after=stale_copy_check, host=host, variable_devices=variable_devices, gathered=gathered)
+        start_after=stale_copy_check, lowering=lowering, devices_of=cluster.devices_of, gathered=cluster.gathered)
     allreduce_op_names = tuple(op.name for op in graph.get_operations()[first_reduce_op:])
     if not grads_and_vars:
         raise DappleError("the loss depends on no trainable variable: there is nothing to train")
     sparse_squares = {v: squares for v, squares in builder.accumulator.squares_of_sparse().items()
-                      if gathered is None or v in gathered}
+                      if cluster.gathered is None or v in cluster.gathered}
     squared = options.clip_global_norm is not None or bool(script and script.flow.substitutes)
     if squared and options.cross_process_reduce is not None and sparse_squares:
         what = "clip_global_norm" if options.clip_global_norm is not None else \
@@ -383,55 +359,26 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
             "process holds only its own of)")
     apply_pairs, norm = gradient_transforms.transform(
         grads_and_vars, apply_pairs, copies.copies_of, options.clip_global_norm, options.gradient_fn, norm_device,
-        sparse_squares, tf.compat.v1.trainable_variables(), script.flow if script else None, host=host,
-        plan_devices=[d for stage in builder.layout.stages for d in stage.devices], variable_devices=variable_devices,
-        copy_devices=builder.copy_devices() if variable_devices is not None else None, kinds=kinds)
+        sparse_squares, tf.compat.v1.trainable_variables(), script.flow if script else None, cluster=cluster)
     applied_variables = {v for _, v in apply_pairs}
-    remote_users = {}  # each once, though this task may hold several copies of it
-    for user, copy in copies.extra_copies():
-        if copy in applied_variables and host is not None and not host.is_local(user.device):
-            remote_users.setdefault(id(user), user)
+    users = [user for user, copy in copies.extra_copies() if copy in applied_variables]
+    remote_users = {id(user): user for user in lowering.elsewhere_variables(users)}  # each once
     applied = loss_scaling.apply(optimizer, apply_pairs, global_step, copies, stale_copy_check.op,
-                     applied_before=script is not None, remote_users=list(remote_users.values()),
-                     is_local=host.is_local if host is not None and host.per_host else None)
+                                 applied_before=script is not None, remote_users=list(remote_users.values()),
+                                 elsewhere=lowering.elsewhere_variables)
     train_op = tf.group(applied.apply_op, *update_ops, name="dapple_train") if update_ops else applied.apply_op
     return _Step(train_op, grads_and_vars, allreduce_op_names, applied.slot_pairs, norm)
 
 
-def _initializers(graph: tf.Graph, copies: VariableCopies, slot_pairs, host):
-    """(initializer, local_init_op, broadcast_op) of the PipelineHandle; the local init joins LOCAL_INIT_OP. In a
-    per-host graph the initializer initializes this task's global variables only: copies of other tasks' variables
-    wait for them (ready_for_local_init_op) in local_init_op."""
+def _initializers(graph: tf.Graph, copies: VariableCopies, slot_pairs, lowering):
+    """(initializer, local_init_op, broadcast_op) of the PipelineHandle; the local init joins LOCAL_INIT_OP. The
+    initializer is the lowering's (hosts/lowering.py): in a per-host graph this task's global variables only, copies
+    of other tasks' variables waiting for them (ready_for_local_init_op) in local_init_op."""
     broadcast = copies.broadcast_op(slot_pairs)
     local_init = _after_local_init(copies, slot_pairs, "dapple_local_init")
-    if host.per_host:
-        own = [v for v in tf.compat.v1.global_variables() if host.is_local(v.device)]
-        graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_INIT_OP, local_init)
-        return tf.compat.v1.variables_initializer(own, name="dapple_initializer"), local_init, broadcast
-    with tf.control_dependencies([tf.compat.v1.global_variables_initializer()]):
-        initializer = _after_local_init(copies, slot_pairs, "dapple_initializer")
+    initializer = lowering.initializer(lambda: _after_local_init(copies, slot_pairs, "dapple_initializer"))
     graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_INIT_OP, local_init)
     return initializer, local_init, broadcast
-
-
-def _remote_uninitialized(host, ops: Sequence[tf.Operation]) -> tf.Tensor:
-    """The names of the other tasks' global variables `ops` read that are not yet initialized."""
-    read = set().union(*map(graph_walk.ancestors, ops))
-    remote = [v for v in tf.compat.v1.global_variables() if not host.is_local(v.device) and v.op in read]
-    uninitialized = tf.compat.v1.report_uninitialized_variables(remote, name="dapple_remote_uninitialized")
-    uninitialized.mark_used()  # a handle's field, fetched by whoever starts the session (host_session.start)
-    return uninitialized
-
-
-def _tasks_used(own_task: str, graph: tf.Graph) -> Tuple[str, ...]:
-    """The own task, then the other tasks the graph places operations on. Not only those a step runs
-    operations on: a session places every operation of its graph (with PipelineOptions.whole_template, the
-    template's on every stage's first device), and one on a task outside its device filters is an error even if it
-    never runs."""
-    own = host_part.task_of(own_task)
-    devices = {op.device for op in graph.get_operations()}
-    used = {host_part.task_of(d) for d in devices if tf.DeviceSpec.from_string(d).job is not None} - {own}
-    return (own,) + tuple(sorted(used))
 
 
 def _after_local_init(copies: VariableCopies, slot_pairs, name: str) -> tf.Operation:

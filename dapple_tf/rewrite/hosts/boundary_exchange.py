@@ -1,8 +1,10 @@
 """The tensors a per-host graph exchanges with other tasks' graphs at stage boundaries: activations a consumer
 replica receives and its producer sends, gradient pieces a producer receives, and the loss terms summed on the
 loss's device, and the clones' values of what is combined once per step (extra outputs, batch statistics,
-summaries' tensors) (host_boundaries.py pairs the replicas, host_part.py moves the tensors). StageBuilder asks it while
-it builds this task's clones; every method is also what the other task's graph computes for the same pair.
+summaries' tensors) (host_boundaries.py pairs the replicas, host_part.py moves the tensors). StageBuilder calls it
+while it builds this graph's clones, in one graph too, where every replica is this graph's and nothing crosses
+(every clone's value is kept, nothing is sent or received); every method is also what the other task's graph
+computes for the same pair.
 """
 
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -17,8 +19,8 @@ class BoundaryExchange:
     """Stage boundaries between this task's clones and other tasks'; see the module docstring."""
 
     def __init__(self, template: Template, sizes: Sequence[Sequence[int]], host):
-        """sizes: per stage, its replicas' slice sizes of a micro-batch; host: host_part.HostPart (or InGraph: every
-        replica is local, nothing is sent or received)."""
+        """sizes: per stage, its replicas' slice sizes of a micro-batch; host: the lowering (lowering.py: TaskGraph,
+        a host_part.HostPart; OneGraph, an InGraph: every replica is local, nothing is sent or received)."""
         self.template, self.sizes, self.host = template, sizes, host
         self._extras_sent = set()
         self._extras_received: Dict[str, tf.Tensor] = {}
@@ -67,11 +69,24 @@ class BoundaryExchange:
                         key = host_boundaries.activation_key(ext.tensor.name, (s, i), (c, j), m)
                         self.host.send(key, outputs[ext.tensor.name], device)
 
+    def gradient_piece(self, name: str, producer: Tuple[int, int], consumer: Tuple[int, int], m: int,
+                       piece: tf.Tensor, keep: Callable[[tf.Tensor], None]) -> None:
+        """A piece of the gradient of boundary tensor `name` that `consumer` (stage, replica) cut for `producer`,
+        micro-batch m: sent to the producer's task when that is another, else kept (`keep(piece)`)."""
+        p, i = producer
+        producer_device = self.template.stages[p].stage.devices[i]
+        if not self.host.is_local(producer_device):
+            self.host.send(host_boundaries.gradient_key(name, producer, consumer, m), piece, producer_device)
+        else:
+            keep(piece)
+
     def remote_gradient_pieces(self, s: int, m: int, j: int, output: tf.Tensor, name: str, device: str,
-                               differentiable: Callable) -> Dict[int, List[Tuple[int, int, tf.Tensor]]]:
-        """{consumer stage: [(first row, consumer replica, piece)]} of the gradient pieces of clone (s, m, j)'s
-        output `name` that consumer replicas on other tasks send, received here; `differentiable(stage)`: the
-        stage's boundary inputs that get gradients (StageBuilder's)."""
+                               differentiable: Callable) -> Tuple[Dict[int, List[Tuple[int, int, tf.Tensor]]], bool]:
+        """({consumer stage: [(first row, consumer replica, piece)]} of the gradient pieces of clone (s, m, j)'s
+        output `name` that consumer replicas on other tasks send, received here; whether some consumer, of this
+        task or another, reads the output whole (not split by samples), which this graph does not see from those on
+        other tasks: always in a per-host graph). `differentiable(stage)`: the stage's boundary inputs that get
+        gradients (StageBuilder's)."""
         out: Dict[int, List[Tuple[int, int, tf.Tensor]]] = {}
         for consumer in self.template.stages[s + 1:]:
             c = consumer.stage.index
@@ -85,14 +100,42 @@ class BoundaryExchange:
                         shape = _piece_shape(output.shape, ext, self.sizes[s][j], count)
                         piece = self.host.receive(key, output.dtype, shape, device)
                         out.setdefault(c, []).append((first_row, jc, piece))
-        return out
+        read_whole = self.host.per_host and any(
+            not e.batch_major for st in self.template.stages[s + 1:] for e in st.externals
+            if e.kind == BOUNDARY and e.producer_stage == s and e.tensor.name == name)
+        return out, read_whole
 
-    def send_extra(self, tensor: tf.Tensor, s: int, m: int, j: int, value: tf.Tensor, device: str) -> None:
-        """Sends clone (s, m, j)'s `value` of template tensor `tensor` to `device`, once however often asked."""
+    def received_shape(self, total: tf.Tensor, shape: tf.TensorShape) -> None:
+        """A per-host graph's sum of an output's gradient pieces takes the output's static `shape`: received pieces
+        have none, and together they cover the output."""
+        if self.host.per_host:
+            total.set_shape(shape)
+
+    def send_extra(self, tensor: tf.Tensor, s: int, m: int, j: int, value: Callable[[], tf.Tensor], device: str
+                   ) -> None:
+        """Sends clone (s, m, j)'s `value()` of template tensor `tensor` to `device`, once however often asked, where
+        this graph built the clone."""
+        if not self.host.is_local(self.template.stages[s].stage.devices[j]):
+            return
         key = host_boundaries.extra_key(tensor.name, s, j, m)
         if key not in self._extras_sent:
             self._extras_sent.add(key)
-            self.host.send(key, value, device)
+            self.host.send(key, value(), device)
+
+    def extra_value(self, tensor: tf.Tensor, s: int, m: int, j: int, value: Callable[[], tf.Tensor], device: str
+                    ) -> tf.Tensor:
+        """Clone (s, m, j)'s value of template tensor `tensor` where `device` combines it: `value()` where this graph
+        built the clone, else received (`receive_extra`)."""
+        if self.host.is_local(self.template.stages[s].stage.devices[j]):
+            return value()
+        return self.receive_extra(tensor, s, m, j, device)
+
+    def combining_devices(self, devices: Sequence[str], loss_device: str) -> Sequence[str]:
+        """The devices a stage's extra output is combined on (outputs.combine): its replicas', or, where its first
+        device is another task's, the loss's device (which receives the values)."""
+        if devices and not self.host.is_local(devices[0]):
+            return (loss_device,)
+        return devices
 
     def receive_extra(self, tensor: tf.Tensor, s: int, m: int, j: int, device: str) -> tf.Tensor:
         """Clone (s, m, j)'s value of template tensor `tensor`, received on `device` by every step (what

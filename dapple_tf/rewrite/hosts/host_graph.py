@@ -11,6 +11,7 @@ initializers, the handles of other tasks' variables it copies, externals), and t
 to them. Other tasks' layers, whose template grows with the model, stay in the scratch graph.
 """
 
+import dataclasses
 import weakref
 from typing import Callable, Dict, List, Sequence, Set, Tuple
 
@@ -18,6 +19,7 @@ import tensorflow as tf
 from tensorflow.python.framework import importer, meta_graph, ops, random_seed
 
 from dapple_tf.rewrite.graphs import graph_walk
+from dapple_tf.rewrite.hosts import host_part
 
 # Collections not carried over: control flow contexts name every operation of a loop or branch (the template's
 # are partly left behind), and no pass builds on them after the build.
@@ -32,6 +34,34 @@ _PYTHON_FUNCTION_OPS = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
 class CrossGraphError(ValueError):
     """model_fn, the inputs or the optimizer use a tensor of the task's graph made outside build_pipeline's
     arguments, which the scratch graph cannot read."""
+
+
+def build_graph(graph: tf.Graph, build: Callable, arguments, fields: Sequence[str], options):
+    """`build(graph, arguments)`'s handle (build returns (handle, first_part_op)): in `graph` itself for one graph
+    (options.own_task None) or with options.whole_template; else built in a scratch copy of `graph`, of which `graph`
+    receives only what the task's part reads (`build_in_scratch`; the handle's `fields` as `graph`'s, its `tasks`
+    those the graph places operations on). A model_fn reading a tensor made outside it falls back to `graph`."""
+    if options.own_task is None or options.whole_template:
+        return build(graph, arguments)[0]
+    try:
+        handle, values = build_in_scratch(graph, lambda scratch_arguments: build(tf.compat.v1.get_default_graph(),
+                                                                                 scratch_arguments), arguments, fields)
+    except CrossGraphError as e:
+        tf.compat.v1.logging.warning(f"this task's graph keeps every task's layers (PipelineOptions.whole_template): "
+                                     f"building in a scratch graph failed on a tensor made outside model_fn ({e})")
+        return build(graph, arguments)[0]
+    return dataclasses.replace(handle, tasks=tasks_used(options.own_task, graph), **values)
+
+
+def tasks_used(own_task: str, graph: tf.Graph) -> Tuple[str, ...]:
+    """The own task, then the other tasks the graph places operations on. Not only those a step runs
+    operations on: a session places every operation of its graph (with PipelineOptions.whole_template, the
+    template's on every stage's first device), and one on a task outside its device filters is an error even if it
+    never runs."""
+    own = host_part.task_of(own_task)
+    devices = {op.device for op in graph.get_operations()}
+    used = {host_part.task_of(d) for d in devices if tf.DeviceSpec.from_string(d).job is not None} - {own}
+    return (own,) + tuple(sorted(used))
 
 
 def build_in_scratch(graph: tf.Graph, build: Callable, arguments, fields: Sequence[str]) -> Tuple[object, dict]:

@@ -6,9 +6,10 @@ another reads (a stage boundary's activations and their gradients, a gradient pi
 loss) travels through a FIFOQueue with a shared name on the reading task's device: the sending graph enqueues
 there, the reading graph dequeues there, and both graphs create the queue with the same name, so the two sessions
 meet in the same queue resource of the reading worker (as SyncReplicasOptimizer's workers share token queues;
-scripts.bench.cross_session measured it as fast as the in-graph transfer). Every queue carries one tensor per step:
-a name per boundary, micro-batch and replica pair, so the order in which the two sides run their tasks cannot mix
-items up. `InGraph` is the one-process case: every device is local and nothing is queued.
+scripts.bench.hosts.cross_session measured it as fast as the in-graph transfer). Every queue carries one tensor per
+step: a name per boundary, micro-batch and replica pair, so the order in which the two sides run their tasks cannot
+mix items up. `InGraph` is the one-process case: every device is local and nothing is queued. The builders do not use
+these classes: lowering.py's OneGraph and TaskGraph (which the builders get) are made of them.
 """
 
 import functools
@@ -16,7 +17,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from dapple_tf.errors import PerHostError, PlanError
+from dapple_tf.errors import PlanError
 
 # Items a queue can hold: a sender is at most one step ahead of its reader (the reader's previous step took the
 # last item before the sender could finish that step), so two never block a correct pipeline.
@@ -44,6 +45,12 @@ class InGraph:
 
     def takes(self) -> List[tf.Operation]:
         return []
+
+    def move(self, tensor: Optional[tf.Tensor], source: str, target: str, key: str, dtype: tf.DType,
+             shape: tf.TensorShape) -> Optional[tf.Tensor]:
+        """`tensor`, made on `source`, where `target` reads it: in one graph the tensor itself."""
+        del source, target, key, dtype, shape
+        return tensor
 
 
 class HostPart:
@@ -78,6 +85,20 @@ class HostPart:
         received = receive(key, dtype, shape, at_device)
         self._takes.append(received.op)
         return received
+
+    def move(self, tensor: Optional[tf.Tensor], source: str, target: str, key: str, dtype: tf.DType,
+             shape: tf.TensorShape) -> Optional[tf.Tensor]:
+        """`tensor`, made on `source`, where `target` reads it: the tensor itself between this task's devices; sent
+        through queue `key` when only `source` is this task's (None); received (of `dtype` and `shape`) when only
+        `target` is; None when neither is."""
+        if self.is_local(source) and self.is_local(target):
+            return tensor
+        if self.is_local(source):
+            self.send(key, tensor, target)
+            return None
+        if self.is_local(target):
+            return self.receive(key, dtype, shape, target)
+        return None
 
     def sends(self) -> List[tf.Operation]:
         """Every enqueue this graph makes: a step must run them all (no later task of this graph waits for some)."""
@@ -116,29 +137,3 @@ def receive(key: str, dtype: tf.DType, shape: Optional[tf.TensorShape], at_devic
 def _queue(key: str, dtype: tf.DType, device: str) -> tf.queue.FIFOQueue:
     with tf.device(device), tf.name_scope("dapple/host_queue"):
         return tf.queue.FIFOQueue(QUEUE_CAPACITY, [dtype.base_dtype], shared_name=key, name="queue")
-
-
-def host_part(own_task: Optional[str], plan_devices) -> "InGraph | HostPart":
-    """HostPart for `own_task` (PipelineOptions.own_task), InGraph for None."""
-    return InGraph() if own_task is None else HostPart(own_task, plan_devices)
-
-
-def check_supported(host, options) -> None:
-    """Refuses, for a per-host graph, what it does not build yet (Horovod's reduction across processes)."""
-    if not host.per_host:
-        return
-    refused = []
-    if options.cross_process_reduce is not None:
-        refused.append("cross_process_reduce (Horovod)")
-    if refused:
-        raise PerHostError(f"per-host graphs (PipelineOptions.own_task) do not yet support {', '.join(refused)}: build "
-                           "one graph for the cluster (own_task=None)")
-
-
-def step_op(train_op: tf.Operation, host, loss) -> tf.Operation:
-    """The step of a per-host graph: the apply, every send (no later task waits for some), every receive (`takes`)
-    and the loss where it is summed."""
-    if not host.per_host:
-        return train_op
-    extra = host.sends() + host.takes() + ([loss.op] if loss is not None else [])
-    return tf.group(train_op, *extra, name="dapple_host_step")

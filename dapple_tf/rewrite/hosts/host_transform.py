@@ -2,7 +2,7 @@
 
 A script's own transform T (gradient_replay.py) and PipelineOptions.gradient_fn may need every gradient at once (a
 global norm), and each task holds only its own. So every task sends the loss's device the gradients it counts (each
-variable's from the task where the one graph has its reduced gradient: gradient_transforms._counted_once), as their
+variable's from the task where the one graph has its reduced gradient: counted_once), as their
 components (a gradient of gathered rows as values, indices and shape: gradient_kinds.py tells every task which), and,
 for T, its sums of squares of the gathered rows T reads (summed per task, then over the tasks, as the one graph sums
 them: task_sums.py). The loss's task runs the transform on them, the same operations on the same values (the same
@@ -12,13 +12,14 @@ graph moves only a norm's scalars between devices.
 """
 
 import dataclasses
+import functools
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
 from dapple_tf.errors import DappleError, PerHostError
 from dapple_tf.model import script_training as st
-from dapple_tf.rewrite.hosts import host_part
+from dapple_tf.rewrite.hosts import host_part, task_sums
 from dapple_tf.rewrite.update import gradient_replay
 
 Pairs = List[Tuple[object, tf.Variable]]
@@ -73,12 +74,14 @@ def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, norm_de
         squares = sparse_squares.get(sub.variable, {})
         if id(sub.variable) in grad_of:
             gradient_replay.check_squares(sub, squares)
-        value = gradient_replay.substitute(sub, squares, norm_device, cluster.plan_devices, host,
-                                           key=lambda task, n=name: _key("squares", n, task))
+        value = gradient_replay.substitute(sub, squares, norm_device, functools.partial(
+            task_sums.summed_over_tasks, plan_devices=cluster.plan_devices, host=host,
+            key=lambda task, n=name: _key("squares", n, task)))
         if here:
             input_map[name] = value
     if here:
-        finals = gradient_replay.transformed(flow, input_map, norm_device, host.is_local)
+        finals = gradient_replay.transformed(flow, input_map, norm_device,
+                                             lambda device: device if host.is_local(device) else norm_device)
         out = _send_finals(finals, cluster)
     else:
         out = _receive_finals([(v, _spec(g)) for g, v in flow.finals], cluster)
@@ -124,6 +127,17 @@ def gradient_fn_finals(call: Callable[[Pairs], Pairs], grads_and_vars: Pairs, or
                               cluster)
     _check_received(out, [v for v in order if v in cluster.kinds], grad_of, host)
     return out
+
+
+def counted_once(copies_of, variable_devices) -> Callable[[tf.Variable, str], bool]:
+    """Whether a per-host graph counts a variable's gradient (its square, or as a source of a transform) where it
+    is: on the device where the one graph has it (gradients.reduce_and_pair: the variable's own if it accumulates
+    there, else the first that does)."""
+    def counted(variable, device):
+        home = next((d for d, c in copies_of(variable).items() if c is variable), None)
+        devices = variable_devices[variable]
+        return device == (home if home in devices else devices[0])
+    return counted
 
 
 def _kind(grad) -> str:

@@ -11,11 +11,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import tensorflow as tf
 
 from dapple_tf.rewrite.hosts import host_part
-
-
-def ordered_sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
-    """A sum in a fixed order (an AddN's order moves with when its inputs arrive)."""
-    return tensors[0] if len(tensors) == 1 else tf.reduce_sum(tf.stack(list(tensors)))
+from dapple_tf.rewrite.update.collectives import ordered_sum  # re-exported: a sum in a fixed order
 
 
 def first_devices(plan_devices: Sequence[str]) -> Dict[str, str]:
@@ -53,3 +49,17 @@ def summed_over_tasks(by_device: Dict[str, tf.Tensor], device: str, plan_devices
         return None
     with tf.device(device):
         return ordered_sum(terms)
+
+
+def shared_from(make: Callable[[], tf.Tensor], device: str, plan_devices: Sequence[str], host,
+                key: Callable[[str], str], dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """A scalar `make()` builds on `device` (a clipping scale), where this graph reads it: there, and in a per-host
+    graph sent from there to every other task of the plan, which receives it through queue `key(task)` on its first
+    device."""
+    if host.is_local(device):
+        value = make()
+        for task, first in sorted(first_devices(plan_devices).items()):
+            if host.per_host and task != host.task:
+                host.send(key(task), value, first)
+        return value
+    return host.receive(key(host.task), dtype, tf.TensorShape([]), first_devices(plan_devices)[host.task])

@@ -3,5 +3,6 @@ calls of functions defined once (stage_function.py), and their order: the contro
 and the weight gradients batched over micro-batches for dapple-batched-w (weight_batching.py).
 
 May import: graphs, batch, template, update, hosts.
-stage_builder.py asks hosts/ what crosses to other tasks' graphs; no rewrite package imports this one but pipeline.py.
+stage_builder.py builds the devices the lowering lists (hosts/lowering.py) and routes what crosses to other tasks'
+graphs through hosts/ (boundary_exchange.py, task_sums.py); no rewrite package imports this one but pipeline.py.
 """

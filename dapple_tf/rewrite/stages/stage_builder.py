@@ -20,15 +20,17 @@ the clones would be large (`stage_function.use_functions`).
 """
 
 import dataclasses
+import functools
 import random
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from dapple_tf.rewrite.batch import microbatch, sync_batch_norm
 from dapple_tf.rewrite.graphs import graph_defs as graph_defs_lib, v1_control_flow
-from dapple_tf.rewrite.hosts import boundary_exchange, host_boundaries, host_part, host_sync_batch_norm, task_sums
+from dapple_tf.rewrite.hosts import boundary_exchange, host_boundaries, host_sync_batch_norm, task_sums
+from dapple_tf.rewrite.hosts import lowering as lowering_lib
 from dapple_tf.rewrite.stages import stage_function, tasks
 from dapple_tf.rewrite.template import outputs as outputs_lib, recompute as recompute_lib
 from dapple_tf.rewrite.update import collectives, gradient_kinds
@@ -111,7 +113,7 @@ class StageBuilder:
         sync_statistics: Sequence[Dict[str, object]] = None,
         input_gradients_first: bool = True,
         square_sparse: bool = False,
-        host=None,
+        lowering=None,
         loss_seed=None,
     ):
         """layout: the stages' slices, M, the schedule and which stages recompute;
@@ -123,7 +125,9 @@ class StageBuilder:
         traced_functions: their calls are PartitionedCall ops, whose bodies a traced step records (PipelineOptions).
         input_gradients_first: each backward task runs its input gradients first (PipelineOptions).
         square_sparse: the accumulator keeps the squares of gathered rows' gradients (global-norm clipping).
-        host: host_part.HostPart to build only one task's tasks (per-host graphs); None: every device's.
+        lowering: the program lowered for this graph (hosts/lowering.py: OneGraph, every device's tasks, or a
+        per-host graph's TaskGraph, one task's), which says which devices it builds and what crosses to other tasks;
+        None: the layout's, for one graph.
         loss_seed: (loss weight n_mj / N, the loss's dtype) -> the gradient each clone's loss is differentiated with
         (a script's loss scale: gradient_replay.loss_seed); None: the weight."""
         if not input_gradients_first and (layout.schedule.splits_backward or layout.schedule.kind == BATCHED_W):
@@ -137,7 +141,7 @@ class StageBuilder:
         self._graph_defs: List[graph_defs_lib.StageGraphDef] = []
         self.task_ops = tasks.TaskOps(graph)
         self.clones: Dict[Tuple[int, int, int], _Clone] = {}
-        self.host = host or host_part.InGraph()
+        self.lowering = lowering or lowering_lib.lowering(layout, None, ())
         self._loss_seed = loss_seed or (lambda weight, dtype: tf.constant(weight, dtype=dtype))
         self._weighted_losses: Dict[Tuple[int, int], tf.Tensor] = {}  # (micro-batch, replica) -> loss term
         self.accumulator = GradientAccumulator(square_sparse)
@@ -147,8 +151,8 @@ class StageBuilder:
         self._rows_per_sample: Dict[Tuple[int, str], int] = {}  # (stage, output name) cut into row ranges -> k
         self._rows_per_sample_unproven: Dict[Tuple[int, str], bool] = {}  # k = 1 taken, checked when the step runs
         self._sizes = [layout.slice_sizes(s) for s in range(len(template.stages))]
-        # what this graph exchanges with other tasks' graphs (per-host graphs; in one graph every replica is local)
-        self.exchange = boundary_exchange.BoundaryExchange(template, self._sizes, self.host)
+        # what this graph exchanges with other tasks' graphs (per-host graphs; in one graph nothing)
+        self.exchange = boundary_exchange.BoundaryExchange(template, self._sizes, self.lowering)
         self._sync_keys = sync_keys
         self._sync_statistics = sync_statistics
         self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
@@ -179,7 +183,7 @@ class StageBuilder:
             for ext in stage.externals:
                 variable = self.template.variable_of_handle.get(ext.tensor.name)
                 if ext.kind == VARIABLE and variable in self.trainable:
-                    for device in filter(self.host.is_local, stage.stage.devices):
+                    for device in self.lowering.built(stage.stage.devices):
                         self.copies.handle_for(variable, device)
         graph_defs = graph_defs_lib.stage_graph_defs(self.graph, [st.ops for st in self.template.stages])
         seeds = random.Random()  # for unseeded random ops of recomputed stages, like TF's own choice
@@ -195,18 +199,16 @@ class StageBuilder:
         imported = self._imported_micro_batches()
         micro_inputs = self._micro_batch_inputs()
         n = self.template.global_batch_size
-        clone_id = 0
+        clones_before = 0  # every clone of the plan counted, built here or not: its seeds do not depend on the host
         for m in range(self.layout.num_micro_batches):
             for s, stage in enumerate(self.template.stages):
                 sizes = self._sizes[s]
                 sync_base = self._sync_base(s)
                 if self.layout.recompute[s]:  # allocated here, in the same order by every task's graph
                     self._recompute_sync_bases[(s, m)] = self._sync_base(s)
-                for j, device in enumerate(stage.stage.devices):
+                for j, device in self.lowering.replicas(stage.stage.devices):
                     start = microbatch.offsets(sizes)[j]
-                    clone_id += 1  # counted on every task alike: a clone's random seeds do not depend on the host
-                    if not self.host.is_local(device):
-                        continue
+                    clone_id = clones_before + j + 1
                     with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
                         feed = {}
                         with tf.name_scope(f"dapple/feed/stage{s}/mb{m}/r{j}"):
@@ -236,9 +238,9 @@ class StageBuilder:
                             weight = tf.constant(sizes[j] / n, dtype=clone.loss.dtype)
                             self._weighted_losses[(m, j)] = clone.loss * weight
                     self.clones[(s, m, j)] = clone
-                    if self.host.per_host:
-                        with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
-                            self.exchange.send_outputs(s, m, j, clone.outputs)
+                    with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
+                        self.exchange.send_outputs(s, m, j, clone.outputs)
+                clones_before += len(stage.stage.devices)
 
     def _imported_micro_batches(self) -> set:
         """(stage, micro-batch) imported per clone even where the stage is a function: a replicated stage's last
@@ -253,7 +255,7 @@ class StageBuilder:
 
     def _define_functions(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
         for s, stage in enumerate(self.template.stages):
-            if not any(map(self.host.is_local, stage.stage.devices)):
+            if not self.lowering.built(stage.stage.devices):
                 continue
             reason = stage_function.unsupported_reason(graph_defs[s], self.layout.recompute[s],
                                                        self._keys_per_clone_group[s] > 0)
@@ -280,17 +282,16 @@ class StageBuilder:
             devices = stage.stage.devices
             if len(devices) > 1:
                 statistics = self._sync_statistics[s] if self._sync_statistics is not None else None
-                hint = collectives.communication_hint(devices)
-                if self.host.per_host and hint != "nccl":
-                    hint = host_sync_batch_norm.QUEUES
+                hint = self.lowering.statistics_hint(devices)
+                if hint == host_sync_batch_norm.QUEUES:
                     self._queued_statistics.add(s)
                 synced = sync_batch_norm.rewrite(graph_defs[s], s, devices, self._sync_keys.group_key(devices), hint,
                                                  statistics)
                 graph_defs[s] = synced.stage
                 self._keys_per_clone_group[s] = synced.num_keys
                 described.append((s, tuple(devices), [self._described_statistic(n) for n in synced.synchronized]))
-        if self.host.per_host:  # a replica group's members in other tasks' graphs must use the same instance keys
-            self._sync_keys = collectives.CollectiveKeys.counted_alike(repr(described))
+        # per host: a replica group's members in other tasks' graphs must use the same instance keys
+        self._sync_keys = self.lowering.sync_keys(self._sync_keys, described)
 
     def _described_statistic(self, name: str) -> tuple:
         """What a synchronized statistic all-reduces, as far as its shapes go: its node's inputs in the template."""
@@ -374,7 +375,7 @@ class StageBuilder:
         for d, per_micro_batch in terms.items():
             with tf.device(d):
                 sums[d] = task_sums.ordered_sum(per_micro_batch)
-        return task_sums.summed_over_tasks(sums, device, devices, self.host, host_boundaries.loss_key,
+        return task_sums.summed_over_tasks(sums, device, devices, self.lowering, host_boundaries.loss_key,
                                            loss_stage.loss.dtype.base_dtype)
 
     def variable_devices(self) -> Dict[tf.Variable, Tuple[str, ...]]:
@@ -387,7 +388,7 @@ class StageBuilder:
             devices = stage.stage.devices
             for ext in self._trainable_externals(stage):
                 variable = self.template.variable_of_handle[ext.tensor.name]
-                here = [d for d in devices if self.host.is_local(d)]
+                here = self.lowering.built(devices)
                 if here and not set(here) <= set(local.get(variable, ())):
                     continue
                 out[variable] = out.get(variable, ()) + tuple(d for d in devices if d not in out.get(variable, ()))
@@ -405,7 +406,7 @@ class StageBuilder:
             for ext in self._trainable_externals(stage):
                 variable = self.template.variable_of_handle[ext.tensor.name]
                 gathered = gradient_kinds.gathered_rows_only(ext.tensor, ops)
-                local = [d for d in stage.stage.devices if self.host.is_local(d)]
+                local = self.lowering.built(stage.stage.devices)
                 here = [d for d in local if (variable, d) in self.accumulator.sums]
                 if here and self.accumulator.is_sparse(variable, here) != gathered:
                     got = "gathered rows" if not gathered else "a dense gradient"
@@ -441,12 +442,9 @@ class StageBuilder:
         loss_device = self.layout.stages[-1].devices[0]
         per_clone = {}
         for m, j in outputs_lib.clone_keys(extra, self.layout.num_micro_batches, len(sizes)):
-            if self.host.is_local(devices[j]):
-                per_clone[(m, j)] = self.clones[(s, m, j)].extras[extra.tensor.name]
-            else:
-                per_clone[(m, j)] = self.exchange.receive_extra(extra.tensor, s, m, j, loss_device)
-        if devices and not self.host.is_local(devices[0]):
-            devices = (loss_device,)
+            per_clone[(m, j)] = self.exchange.extra_value(extra.tensor, s, m, j, self._extra_of(s, m, j, extra),
+                                                          loss_device)
+        devices = self.exchange.combining_devices(devices, loss_device)
         return outputs_lib.combine(extra, per_clone, sizes, self.layout.num_micro_batches, devices,
                                    self.template.inputs)
 
@@ -458,9 +456,11 @@ class StageBuilder:
             s = extra.stage
             sizes = self._sizes[s] if s >= 0 else ()
             for m, j in outputs_lib.clone_keys(extra, self.layout.num_micro_batches, len(sizes)):
-                if self.host.is_local(self.template.stages[s].stage.devices[j]):
-                    self.exchange.send_extra(extra.tensor, s, m, j, self.clones[(s, m, j)].extras[extra.tensor.name],
-                                             loss_device)
+                self.exchange.send_extra(extra.tensor, s, m, j, self._extra_of(s, m, j, extra), loss_device)
+
+    def _extra_of(self, s: int, m: int, j: int, extra) -> Callable[[], tf.Tensor]:
+        """Clone (s, m, j)'s value of an outputs.ExtraOutput, when this graph built the clone."""
+        return lambda: self.clones[(s, m, j)].extras[extra.tensor.name]
 
     # -- backward --------------------------------------------------------------------------
     def build_backward(self) -> None:
@@ -468,9 +468,7 @@ class StageBuilder:
         for s in reversed(range(len(stages))):
             order = [t.micro_batch for t in self.layout.schedule.stage_tasks[s] if t.kind == BACKWARD]
             for m in order:
-                for j, device in enumerate(stages[s].stage.devices):
-                    if not self.host.is_local(device):
-                        continue
+                for j, device in self.lowering.replicas(stages[s].stage.devices):
                     with self.task_ops.capture(Task(s, BACKWARD, m), j), tf.device(device):
                         self._backward_task(s, m, j, device)
 
@@ -573,17 +571,15 @@ class StageBuilder:
 
     def _check_nothing_expected(self, s: int, boundary) -> None:
         """A backward task that sends no input gradient (no gradient reached its stage): in a per-host graph, a
-        producer replica on another task would wait for it."""
-        if self.host.per_host and any(not self.host.is_local(d) for e in boundary
-                                      for d in self.template.stages[e.producer_stage].stage.devices):
-            raise PerHostError(f"stage {s}'s outputs get no gradient (nothing it computes reaches the loss), so it "
-                               "sends no input gradients; per-host graphs (PipelineOptions.own_task) need every stage "
-                               "to: move the stage boundary, or build one graph for the cluster (own_task=None)")
+        producer replica on another task would wait for it (the lowering refuses it)."""
+        self.lowering.check_sends_input_gradients(
+            s, [d for e in boundary for d in self.template.stages[e.producer_stage].stage.devices])
 
     def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> List[tf.Tensor]:
         """Cuts the gradient of consumer replica j's input into pieces for the producer replicas; returns them (what
         the task sends: part of its B, which zero-bubble schedules run before its W). A piece for a replica on
-        another task is sent there (host_part.py), once it is made: no task waits for the sending (tasks.chain)."""
+        another task is sent there (the lowering's: hosts/boundary_exchange.py), once it is made: no task waits for
+        the sending (tasks.chain)."""
         p = ext.producer_stage
         if not ext.batch_major:
             self._broadcast_outputs.add((p, ext.tensor.name))
@@ -594,28 +590,27 @@ class StageBuilder:
         pieces = []
         for i, row, count in host_boundaries.gradient_pieces(ext.batch_major, self._sizes[p], start, sizes[j]):
             piece = grad if count == sizes[j] else microbatch.rows(grad, row * k, (row + count) * k, ext.batch_axis)
-            producer_device = self.template.stages[p].stage.devices[i]
-            if not self.host.is_local(producer_device):
-                key = host_boundaries.gradient_key(ext.tensor.name, (p, i), (s, j), m)
-                self.host.send(key, piece, producer_device)
-            else:
-                first_row = start + row - producer_offsets[i] if ext.batch_major else 0
-                self._grad_pieces.setdefault((p, m, i, ext.tensor.name), {}).setdefault(s, []).append(
-                    (first_row, j, piece))
+            first_row = start + row - producer_offsets[i] if ext.batch_major else 0
+            self.exchange.gradient_piece(ext.tensor.name, (p, i), (s, j), m, piece, functools.partial(
+                self._keep_piece, (p, m, i, ext.tensor.name), s, first_row, j))
             pieces.append(piece)
         return pieces
 
+    def _keep_piece(self, key: Tuple[int, int, int, str], s: int, first_row: int, j: int, piece: tf.Tensor) -> None:
+        """Keeps a gradient piece for producer clone `key` (stage, micro-batch, replica, output name) of this graph,
+        from consumer replica (s, j)."""
+        self._grad_pieces.setdefault(key, {}).setdefault(s, []).append((first_row, j, piece))
+
     def _gather_output_grad(self, s: int, m: int, j: int, name: str):
         per_consumer = dict(self._grad_pieces.get((s, m, j, name), {}))
-        if self.host.per_host:
-            device = self.template.stages[s].stage.devices[j]
-            output = self.clones[(s, m, j)].outputs[name]
-            received = self.exchange.remote_gradient_pieces(s, m, j, output, name, device, self._differentiable_boundary)
-            for c, pieces in received.items():
-                per_consumer[c] = per_consumer.get(c, []) + pieces
-            if any(not e.batch_major for st in self.template.stages[s + 1:] for e in st.externals
-                   if e.kind == BOUNDARY and e.producer_stage == s and e.tensor.name == name):
-                self._broadcast_outputs.add((s, name))
+        device = self.template.stages[s].stage.devices[j]
+        output = self.clones[(s, m, j)].outputs[name]
+        received, read_whole = self.exchange.remote_gradient_pieces(s, m, j, output, name, device,
+                                                                    self._differentiable_boundary)
+        for c, pieces in received.items():
+            per_consumer[c] = per_consumer.get(c, []) + pieces
+        if read_whole:  # a consumer on another task read the whole tensor (its _send_input_grad did not run here)
+            self._broadcast_outputs.add((s, name))
         if not per_consumer:
             return None
         sums = []
@@ -626,8 +621,7 @@ class StageBuilder:
             else:
                 sums.append(microbatch.concat_rows(pieces, self._output_batch_axis(s, name)))
         total = sums[0] if len(sums) == 1 else tf.add_n(sums)
-        if self.host.per_host:  # received pieces have no static shape; together they cover the output
-            total.set_shape(self.clones[(s, m, j)].outputs[name].shape)
+        self.exchange.received_shape(total, output.shape)
         return total
 
     def _output_batch_axis(self, s: int, name: str) -> int:
@@ -664,7 +658,7 @@ class StageBuilder:
                 self.task_ops.input_gradients_first((Task(s, BACKWARD, m), j), input_grads, weight_grads, device)
             if schedule.kind == BATCHED_W:  # W: the weight gradients stacked over all micro-batches
                 weight_batching.batch_weight_gradients(self.task_ops, self.accumulator)
-        elsewhere = frozenset(op for ops in self.task_ops.ops.values() for op in ops if not self.host.is_local(op.device))
+        elsewhere = self.lowering.elsewhere(op for ops in self.task_ops.ops.values() for op in ops)
         for lane, lane_tasks in enumerate(schedule.lane_tasks):  # a device group runs the tasks of all its stages
             for j, device in enumerate(self.template.stages[lane].stage.devices):
                 tasks.chain(self.task_ops, lane_tasks, j, device, elsewhere)

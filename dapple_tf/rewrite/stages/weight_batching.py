@@ -5,7 +5,7 @@ the M micro-batches' gradients, added up in a running sum, equal one product ove
 concat(x_1..x_M)^T concat(dy_1..dy_M). The one product is cheaper than M products of M-times-thinner
 matrices plus M - 1 additions of the whole weight (one CPU core, 1024 x 1024 layer, M = 8 slices of 128
 rows: 1.17-1.44x the time of the whole batch's product with the running sum, 1.06-1.12x stacked;
-scripts/bench/weight_products.py).
+scripts/bench/runtime/weight_products.py).
 
 `batch_weight_gradients` does this where every micro-batch's gradient of a (variable, device) is such a
 product (`MatMul` contracting the first dimension of both inputs), used only by the running sum, made in

@@ -4,8 +4,8 @@ transforms between the AllReduce and the apply step (gradient_transforms.py: cli
 gradient_replay.py: a script's own transform; loss_scaling.py), the copies of variables on every device that reads
 them (replicas.py), and the optimizer's step on every copy (apply_step.py).
 
-May import: graphs, batch, hosts.
-collectives.py cuts pieces by batch/microbatch.py's slice sizes. hosts is a back-edge, for today's per-host branches
-(host_part.py, task_sums.py, host_boundaries.py, host_transform.py), while hosts/host_transform.py imports
-update/gradient_replay.py.
+May import: graphs, batch.
+collectives.py cuts pieces by batch/microbatch.py's slice sizes. Which devices a graph builds, the means of each
+reduction, the exchange's transfers and the sums over tasks come from the lowering passed in (hosts/lowering.py,
+which imports this package): nothing here asks whether a device is this task's.
 """

@@ -89,15 +89,16 @@ def _place_unplaced(created: Sequence[tf.Operation]) -> None:
 
 
 def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf.Operation,
-          applied_before: bool = False, remote_users: Sequence[tf.Variable] = (), is_local=None) -> AppliedStep:
+          applied_before: bool = False, remote_users: Sequence[tf.Variable] = (), elsewhere=None) -> AppliedStep:
     """optimizer.apply_gradients(apply_pairs) after `after`; see the module docstring. `applied_before`: the
     script's own apply_gradients already ran on the user's variables in the template (script_training.py), so
     their slots exist: an optimizer making them with get_variable gets them again (AUTO_REUSE), as slot_creator's
     do by itself. `remote_users` (per-host graphs): other tasks' variables whose copies this graph applies; a second
     call, never run, makes their slots here under the names their own task gives them, so that the copies' slots
-    pair with them (and are set from them after a restore) as in the one graph. `is_local` (per-host graphs): whether a
-    device is this task's; a non-slot variable the script's own apply made on another task's device (Adam's beta
-    powers, advanced once per step by each task's apply) gets a local copy here, set from it like a slot."""
+    pair with them (and are set from them after a restore) as in the one graph. `elsewhere` (the lowering's:
+    variables -> those of them on other tasks' devices, none in one graph): a non-slot variable the script's own
+    apply made on another task's device (Adam's beta powers, advanced once per step by each task's apply) gets a
+    local copy here, set from it like a slot."""
     graph = after.graph
     copy_grads = {id(copy): grad for grad, copy in apply_pairs}
     with tf.control_dependencies(None):
@@ -109,7 +110,7 @@ def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf
     first = len(graph.get_operations())
     reuse = tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=tf.compat.v1.AUTO_REUSE) \
         if applied_before else contextlib.nullcontext()
-    non_slot = _remote_non_slot_variables(optimizer, graph, is_local) if applied_before and is_local else {}
+    non_slot = _remote_non_slot_variables(optimizer, graph, elsewhere) if applied_before and elsewhere else {}
     with tf.control_dependencies([after]), reuse, _swapped(optimizer, non_slot, apply_pairs):
         apply_op = optimizer.apply_gradients(apply_pairs, global_step=global_step)
         if remote_pairs:
@@ -126,10 +127,13 @@ def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf
     return AppliedStep(apply_op, slot_pairs + [(v, c) for v, c in non_slot.values() if c is not None])
 
 
-def _remote_non_slot_variables(optimizer, graph: tf.Graph, is_local) -> Dict[tuple, list]:
-    """Key -> [variable, None] of a tf.compat.v1.train.Optimizer's non-slot variables of `graph` on other tasks."""
+def _remote_non_slot_variables(optimizer, graph: tf.Graph, elsewhere) -> Dict[tuple, list]:
+    """Key -> [variable, None] of a tf.compat.v1.train.Optimizer's non-slot variables of `graph` that `elsewhere`
+    finds on other tasks."""
     table = getattr(optimizer, "_non_slot_dict", {})
-    return {key: [v, None] for key, v in table.items() if key[1] is graph and not is_local(v.device)}
+    own_graph = {key: v for key, v in table.items() if key[1] is graph}
+    remote = {id(v) for v in elsewhere(list(own_graph.values()))}
+    return {key: [v, None] for key, v in own_graph.items() if id(v) in remote}
 
 
 @contextlib.contextmanager

@@ -66,16 +66,45 @@ def communication_hint(devices: Sequence[str]) -> str:
     return "nccl" if all(tf.DeviceSpec.from_string(d).device_type == "GPU" for d in devices) else "auto"
 
 
-def uses_exchange(devices: Sequence[str], per_host: bool = False) -> bool:
-    """True for device sets that `all_reduce_sum` reduces by `exchange_sum`: CPUs of several processes, and in a
-    per-host graph every CPU group (TF's collectives across per-host sessions were not reliable: the first step of a
-    group within task 1 was cancelled; docs/design.md, per-host graphs)."""
+def uses_exchange(devices: Sequence[str]) -> bool:
+    """True for device sets that `all_reduce_sum` reduces by `exchange_sum` in one graph: CPUs of several processes.
+    (A per-host graph's lowering, hosts/lowering.py, chooses the exchange for every CPU group: TF's collectives across
+    per-host sessions were not reliable; docs/design.md, per-host graphs.)"""
     tasks = set()
     for d in devices:
         spec = tf.DeviceSpec.from_string(d)
         tasks.add((spec.job, spec.replica, spec.task))
-    several = len(tasks) > 1 or (per_host and len(devices) > 1)
-    return several and communication_hint(devices) != "nccl"
+    return len(tasks) > 1 and communication_hint(devices) != "nccl"
+
+
+class InProcess:
+    """What `all_reduce_sum` and `gradients.reduce_and_pair` ask of the lowering (hosts/lowering.py) when given none:
+    the choices of a graph that builds every device (the one graph), where every tensor is read where it is."""
+
+    @staticmethod
+    def built(devices: Sequence[str]) -> List[str]:
+        """The devices of `devices` this graph builds: all of them."""
+        return list(devices)
+
+    @staticmethod
+    def exchanges(devices: Sequence[str]) -> bool:
+        """Whether `devices` sum by exchange_sum rather than TF's collectives."""
+        return uses_exchange(devices)
+
+    @staticmethod
+    def instance_key(keys: "CollectiveKeys", devices: Sequence[str], name: str) -> int:
+        """The instance key of a collective over `devices` (`name`: what every task's graph calls it)."""
+        del devices, name
+        return keys.instance_key()
+
+    @staticmethod
+    def move(tensor, source: str, target: str, key: str, dtype: tf.DType, shape: tf.TensorShape):
+        """`tensor`, made on `source`, where `target` reads it: the tensor itself."""
+        del source, target, key, dtype, shape
+        return tensor
+
+
+IN_PROCESS = InProcess()
 
 
 # Gradients smaller than this travel packed with their neighbours: one transfer each would cost a round
@@ -121,8 +150,8 @@ def _unpack(buffer: tf.Tensor, like: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     return [tf.reshape(p, t.shape) for p, t in zip(parts, like)]
 
 
-def exchange_sum(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], pack_bytes: int = PACK_BYTES, host=None,
-                 key: str = "") -> Dict[str, List[tf.Tensor]]:
+def exchange_sum(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], pack_bytes: int = PACK_BYTES,
+                 transport=IN_PROCESS, key: str = "") -> Dict[str, List[tf.Tensor]]:
     """Element-wise sums of same-shaped tensor lists, one list per device, from plain cross-device reads.
 
     Tensors travel in groups (`_groups`: large ones alone, small ones packed, since every transfer costs
@@ -134,8 +163,8 @@ def exchange_sum(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], pack_by
     summed by recursive halving and doubling instead (halving_exchange.py: a per-host graph's operations grow with
     the logarithm of the group's size).
 
-    In a per-host graph (`host` a host_part.HostPart), the lists of other tasks' devices are None: a piece
-    this task owns is received from them and its sum sent back, through queues named from `key`.
+    In a per-host graph the lists of other tasks' devices are None, and `transport` (its lowering: hosts/lowering.py)
+    moves each piece to its owner and the sum back, through queues named from `key` where they cross tasks.
     """
     devices = sorted(grads_per_device)
     n = len(devices)
@@ -143,7 +172,7 @@ def exchange_sum(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], pack_by
     like = grads_per_device[local[0]]
     groups = _groups(like, pack_bytes)
     if n >= halving_exchange.HALVING_DEVICES:
-        return _halving_sums(grads_per_device, groups, host, key)
+        return _halving_sums(grads_per_device, groups, transport, key)
     buffers = {}
     for d in local:
         with tf.device(d):
@@ -159,7 +188,7 @@ def exchange_sum(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], pack_by
                          for p in (tf.split(b, list(slice_sizes(r, c))) if c > 1 else [b])]
     sums = {}  # (piece, device) -> the piece's sum on that device
     for k, o in enumerate(_owners([p.shape.num_elements() for p in pieces[local[0]]], n)):
-        sums.update(_piece_sums(k, devices[o], devices, pieces, host, key))
+        sums.update(_piece_sums(k, devices[o], devices, pieces, transport, key))
     result = {}
     for d in local:
         with tf.device(d):
@@ -173,8 +202,8 @@ def exchange_sum(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], pack_by
     return result
 
 
-def _halving_sums(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], groups: List[List[int]], host, key: str
-                  ) -> Dict[str, List[tf.Tensor]]:
+def _halving_sums(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], groups: List[List[int]], transport,
+                  key: str) -> Dict[str, List[tf.Tensor]]:
     """exchange_sum by recursive halving and doubling, group by group (each starts when its gradients are made)."""
     like = next(t for t in grads_per_device.values() if t is not None)
     out = {d: [None] * len(like) for d, tensors in grads_per_device.items() if tensors is not None}
@@ -183,7 +212,7 @@ def _halving_sums(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], groups
         for d, tensors in grads_per_device.items():
             with tf.device(d):
                 buffers[d] = None if tensors is None else tf.reshape(_buffer([tensors[i] for i in g]), [-1])
-        for d, total in halving_exchange.halving_doubling_sum(buffers, host, f"{key}/g{k}").items():
+        for d, total in halving_exchange.halving_doubling_sum(buffers, transport, f"{key}/g{k}").items():
             with tf.device(d):
                 parts = _unpack(total, [like[i] for i in g]) if len(g) > 1 else [tf.reshape(total, like[g[0]].shape)]
                 for i, t in zip(g, parts):
@@ -191,23 +220,29 @@ def _halving_sums(grads_per_device: Dict[str, Optional[List[tf.Tensor]]], groups
     return out
 
 
-def _piece_sums(k: int, owner: str, devices: Sequence[str], pieces: Dict[str, List[tf.Tensor]], host, key: str
+def _piece_sums(k: int, owner: str, devices: Sequence[str], pieces: Dict[str, List[tf.Tensor]], transport, key: str
                 ) -> Dict[tuple, tf.Tensor]:
-    """{(k, device): piece k's sum there} for the devices of this graph (`pieces`' keys), summed on `owner`."""
+    """{(k, device): piece k's sum there} for the devices of this graph (`pieces`' keys), summed on `owner`: every
+    device's piece moved to the owner, the sum moved back (`transport.move`)."""
     like = next(iter(pieces.values()))[k]
+
+    def to_owner(d):  # device d's piece, where the owner reads it
+        return transport.move(pieces[d][k] if d in pieces else None, d, owner, f"{key}/piece{k}/{d}", like.dtype,
+                              like.shape)
+
+    def from_owner(total, d):  # the sum, where device d reads it
+        return transport.move(total, owner, d, f"{key}/sum{k}/{d}", like.dtype, like.shape)
+
     if owner in pieces:
-        parts = [pieces[d][k] if d in pieces else host.receive(f"{key}/piece{k}/{d}", like.dtype, like.shape, owner)
-                 for d in devices]
+        parts = [to_owner(d) for d in devices]
         with tf.device(owner):
             total = deterministic_sum(parts)
-        for d in devices:
-            if d not in pieces:
-                host.send(f"{key}/sum{k}/{d}", total, d)
-        return {(k, d): total for d in pieces}
+        back = {d: from_owner(total, d) for d in devices}
+        return {(k, d): back[d] for d in pieces}
     out = {}
     for d in pieces:
-        host.send(f"{key}/piece{k}/{d}", pieces[d][k], owner)
-        out[(k, d)] = host.receive(f"{key}/sum{k}/{d}", like.dtype, like.shape, d)
+        to_owner(d)
+        out[(k, d)] = from_owner(None, d)
     return out
 
 
@@ -220,9 +255,15 @@ def deterministic_sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.reduce_sum(tf.stack(tensors), axis=0)
 
 
+def ordered_sum(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """A sum of scalars in a fixed order (an AddN's order moves with when its inputs arrive): a loss's terms, sums of
+    squares (hosts/task_sums.py sums them per task, then over the tasks)."""
+    return tensors[0] if len(tensors) == 1 else tf.reduce_sum(tf.stack(list(tensors)))
+
+
 def all_reduce_sum(
     grads_per_device: Dict[str, Optional[List[tf.Tensor]]], keys: CollectiveKeys, after: Dict[str, tf.Tensor] = None,
-    cross_process_reduce: Optional[Callable[[tf.Tensor], tf.Tensor]] = None, host=None, key: str = "",
+    cross_process_reduce: Optional[Callable[[tf.Tensor], tf.Tensor]] = None, lowering=IN_PROCESS, key: str = "",
 ) -> Dict[str, List[tf.Tensor]]:
     """Sums, element-wise across devices, lists of same-shaped tensors; one collective per call.
 
@@ -230,10 +271,11 @@ def all_reduce_sum(
     the collective starts after `after[d]` (if given), so every device launches collectives in
     the same order. `cross_process_reduce`, if given, is applied once to the summed buffer (on the
     first device) and its result is what every device gets (hierarchical: in-process, then across).
-    In a per-host graph (`host`), other tasks' devices map to None: exchange_sum's queues join CPUs of several
-    tasks (not TF's collectives: across the tasks' sessions, their first step failed one run in three in TF 2.15,
-    "ValidateDevices called before initialization"); GPUs of several tasks (NCCL) join by a collective whose
-    instance key every task derives from `key`.
+    `lowering` (hosts/lowering.py; IN_PROCESS: one graph's) chooses between exchange_sum and TF's collectives and
+    moves the exchange's tensors. In a per-host graph, other tasks' devices map to None: exchange_sum's queues join
+    CPUs of several tasks (not TF's collectives: across the tasks' sessions, their first step failed one run in
+    three in TF 2.15, "ValidateDevices called before initialization"); GPUs of several tasks (NCCL) join by a
+    collective whose instance key every task derives from `key`.
     """
     after = after or {}
     devices = sorted(grads_per_device)
@@ -241,16 +283,16 @@ def all_reduce_sum(
         return _reduce_across_processes(grads_per_device, keys, after, cross_process_reduce)
     if len(devices) == 1:
         return dict(grads_per_device)
-    remote = [d for d in devices if grads_per_device[d] is None]
-    if uses_exchange(devices, host is not None and host.per_host):
+    if lowering.exchanges(devices):
         started = {}
         for device in devices:
             with tf.device(device), tf.control_dependencies([after[device]] if device in after else []):
-                started[device] = None if device in remote else [tf.identity(g) for g in grads_per_device[device]]
-        return exchange_sum(started, host=host, key=key)
+                grads = grads_per_device[device]
+                started[device] = None if grads is None else [tf.identity(g) for g in grads]
+        return exchange_sum(started, transport=lowering, key=key)
     group_key = keys.group_key(devices)
-    instance_key = keys.shared_instance_key(key) if remote else keys.instance_key()
-    local = [d for d in devices if d not in remote]
+    instance_key = lowering.instance_key(keys, devices, key)
+    local = [d for d in devices if grads_per_device[d] is not None]
     shapes = [g.shape for g in grads_per_device[local[0]]]
     sizes = [s.num_elements() for s in shapes]
     result = {}

@@ -22,9 +22,11 @@ import tensorflow as tf
 from dapple_tf.errors import DappleError
 from dapple_tf.model import script_training as st
 from dapple_tf.rewrite.graphs import graph_defs
-from dapple_tf.rewrite.hosts import host_part, task_sums
 
 Pairs = List[Tuple[object, tf.Variable]]
+# (device -> scalar, device) -> their sum on that device, per task then over the tasks, or None where this graph
+# does not hold it (the lowering's: hosts/task_sums.py)
+SummedOverTasks = Callable[[Dict[str, tf.Tensor], str], Optional[tf.Tensor]]
 
 
 def loss_seed(factors: Sequence[Tuple[str, tf.Tensor]], loss_weight: float, dtype: tf.DType) -> tf.Tensor:
@@ -55,13 +57,12 @@ def component(grad, role: str, dtype: tf.DType) -> tf.Tensor:
         return tf.cast(grad.dense_shape, dtype) if sparse else tf.shape(grad, out_type=dtype)
 
 
-def substitute(sub: st.Substitute, squares: Dict[str, tf.Tensor], device: str, plan_devices=(), host=None,
-               key: Callable[[str], str] = str) -> Optional[tf.Tensor]:
+def substitute(sub: st.Substitute, squares: Dict[str, tf.Tensor], device: str, summed: SummedOverTasks
+               ) -> Optional[tf.Tensor]:
     """The value of a Substitute on `device`, from the per-lookup squares of its variable's gathered rows (device ->
-    sum of squares), summed per task, then over the plan's tasks (task_sums.py). In a per-host graph another task's
-    sums come through queues `key(task)`: None but on `device`'s task."""
-    host = host or host_part.InGraph()
-    total = task_sums.summed_over_tasks(squares, device, plan_devices or list(squares), host, key)
+    sum of squares), `summed` per task, then over the plan's tasks (hosts/task_sums.py). In a per-host graph another
+    task's sums come through queues: None but on `device`'s task."""
+    total = summed(squares, device)
     if total is None:
         return None
     with tf.device(device):
@@ -92,9 +93,11 @@ def _device_of(op: tf.Operation, default: str) -> str:
     return best
 
 
-def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, default_device: str) -> Pairs:
+def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, default_device: str,
+           summed: SummedOverTasks) -> Pairs:
     """The (gradient, variable) pairs the script would give apply_gradients, computed from the pipeline's
-    `grads_and_vars` (its user variables' full-batch gradients) by T; see the module docstring."""
+    `grads_and_vars` (its user variables' full-batch gradients) by T, in a graph of every device (the one graph; a
+    per-host graph: hosts/host_transform.py); `summed`: substitute's. See the module docstring."""
     grad_of = {id(v): g for g, v in grads_and_vars}
     input_map: Dict[str, tf.Tensor] = {}
     for name, source in flow.sources.items():
@@ -105,7 +108,7 @@ def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, default
     for name, sub in flow.substitutes.items():
         squares = sparse_squares.get(sub.variable, {})
         check_squares(sub, squares)
-        input_map[name] = substitute(sub, squares, default_device)
+        input_map[name] = substitute(sub, squares, default_device, summed)
     return transformed(flow, input_map, default_device)
 
 
@@ -115,10 +118,10 @@ def source_dtype(name: str) -> tf.DType:
 
 
 def transformed(flow: st.GradientFlow, input_map: Dict[str, tf.Tensor], default_device: str,
-                is_local: Callable[[str], bool] = lambda device: True) -> Pairs:
+                place: Callable[[str], str] = lambda device: device) -> Pairs:
     """T imported with its inputs mapped by `input_map` (every source and substitute, by name): the script's final
-    (gradient, variable) pairs. An operation whose largest input is on a device `is_local` refuses runs on
-    `default_device`."""
+    (gradient, variable) pairs. An operation runs on `place(the device of its largest input)` (a per-host graph's
+    lowering places one on another task's device on `default_device` instead)."""
     graph = tf.compat.v1.get_default_graph()
     input_map = dict(flow.externals, **input_map)
     outputs = sorted({t.name for g, _ in flow.finals for _, t in st.components(g)} - set(input_map))
@@ -132,7 +135,7 @@ def transformed(flow: st.GradientFlow, input_map: Dict[str, tf.Tensor], default_
                                                 name="dapple/gradient_transform")
         for op in graph.get_operations()[first:]:
             device = _device_of(op, default_device)
-            op._set_device(device if is_local(device) else default_device)  # pylint: disable=protected-access
+            op._set_device(place(device))  # pylint: disable=protected-access
         imported = dict(zip(outputs, results))
 
     def mapped(t: tf.Tensor) -> tf.Tensor:

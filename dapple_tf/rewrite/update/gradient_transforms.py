@@ -18,8 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from dapple_tf.errors import DappleError
-from dapple_tf.rewrite.hosts import host_boundaries, host_part, host_transform, task_sums
-from dapple_tf.rewrite.update import gradient_replay
+from dapple_tf.rewrite.update.collectives import ordered_sum
 
 Pairs = List[Tuple[object, tf.Variable]]
 
@@ -30,15 +29,16 @@ def _scaled(grad, scale: tf.Tensor):
     return grad * tf.cast(scale, grad.dtype)
 
 
-def global_norm(square_sums: Dict[str, List[tf.Tensor]], device: str, plan_devices: Sequence[str],
-                host) -> Optional[tf.Tensor]:
-    """sqrt of the sum of squares, on `device`: summed on each device holding some, then per task, then over the
-    plan's tasks (task_sums.py). None in a per-host graph where `device` is another task's."""
+def global_norm(square_sums: Dict[str, List[tf.Tensor]], device: str,
+                summed: Callable[[Dict[str, tf.Tensor], str], Optional[tf.Tensor]]) -> Optional[tf.Tensor]:
+    """sqrt of the sum of squares, on `device`: summed on each device holding some, then `summed` per task and over
+    the plan's tasks (the lowering's: hosts/task_sums.py). None in a per-host graph where `device` is another
+    task's."""
     by_device = {}
     for d in sorted(square_sums):
         with tf.device(d):
-            by_device[d] = task_sums.ordered_sum([tf.cast(t, tf.float32) for t in square_sums[d]])
-    total = task_sums.summed_over_tasks(by_device, device, plan_devices, host, host_boundaries.norm_key)
+            by_device[d] = ordered_sum([tf.cast(t, tf.float32) for t in square_sums[d]])
+    total = summed(by_device, device)
     if total is None:
         return None
     with tf.device(device):
@@ -51,20 +51,6 @@ def clip_scale(norm: tf.Tensor, clip_norm: float) -> tf.Tensor:
         clip = tf.constant(clip_norm, norm.dtype)
         scale = clip * tf.minimum(1.0 / norm, 1.0 / clip)
         return scale + (norm - norm)
-
-
-def shared_clip_scale(norm: Optional[tf.Tensor], clip_norm: float, device: str, plan_devices: Sequence[str],
-                      host) -> tf.Tensor:
-    """clip_scale where the norm is; in a per-host graph, sent from there to every other task of the plan, which
-    receives it on its first device."""
-    if host.is_local(device):
-        scale = clip_scale(norm, clip_norm)
-        for task, first in sorted(task_sums.first_devices(plan_devices).items()):
-            if host.per_host and task != host.task:
-                host.send(host_boundaries.scale_key(task), scale, first)
-        return scale
-    return host.receive(host_boundaries.scale_key(host.task), tf.float32, tf.TensorShape([]),
-                        task_sums.first_devices(plan_devices)[host.task])
 
 
 def square_sums(grads_and_vars: Pairs, sparse_squares: Dict[tf.Variable, Dict[str, tf.Tensor]],
@@ -138,52 +124,31 @@ def apply_gradient_fn(gradient_fn: Callable, grads_and_vars: Pairs, order: Seque
 
 def transform(grads_and_vars: Pairs, apply_pairs: Pairs, copies_of: Callable[[tf.Variable], Dict[str, tf.Variable]],
               clip_global_norm: Optional[float], gradient_fn: Optional[Callable], norm_device: str,
-              sparse_squares, order: Sequence[tf.Variable], script_flow=None, host=None, plan_devices=(),
-              variable_devices=None, copy_devices=None, kinds=None) -> Tuple[Pairs, Optional[tf.Tensor]]:
+              sparse_squares, order: Sequence[tf.Variable], script_flow=None, *, cluster
+              ) -> Tuple[Pairs, Optional[tf.Tensor]]:
     """The (gradient, copy) pairs to apply after clipping and gradient_fn, and the global norm (None without
     clipping, and in a per-host graph but on the norm's task). With `script_flow` (script_training.GradientFlow),
     the script's own transform replaces both (gradient_replay.py), and only the variables it applies are applied.
-    host, plan_devices, variable_devices, copy_devices, kinds: a per-host graph's host_part.HostPart, the plan's
-    devices, and StageBuilder's variable_devices (which device of the cluster counts each variable's square),
-    copy_devices and gradient_kinds (what the transforms on the loss's task get and send: host_transform.py)."""
-    host = host or host_part.InGraph()
-    cluster = host_transform.ClusterGradients(host, plan_devices, _counted_once(copies_of, variable_devices),
-                                              copy_devices or {}, kinds or {}) if host.per_host else None
+    cluster: the lowering's view of the cluster's gradients (hosts/lowering.py, one graph's or a task's): which
+    device counts each variable's square (`counted`), sums of squares over the tasks (`summed_norm`), the clipping
+    scale where this graph reads it (`shared`), and the transforms of every gradient at once (`replay`,
+    `gradient_fn_finals`: id(user variable) -> its final gradient)."""
     if script_flow is not None:
-        if host.per_host:
-            transformed = host_transform.replay(script_flow, grads_and_vars, sparse_squares, norm_device, cluster)
-        else:
-            transformed = {id(v): g for g, v in gradient_replay.replay(script_flow, grads_and_vars, sparse_squares,
-                                                                       norm_device)}
+        transformed = cluster.replay(script_flow, grads_and_vars, sparse_squares, norm_device)
         return _to_copies(transformed, grads_and_vars, apply_pairs, copies_of), None
     norm = None
     if clip_global_norm is not None:
-        counted = cluster.counted if host.per_host else (lambda v, d: True)
-        norm = global_norm(square_sums(grads_and_vars, sparse_squares, order, counted), norm_device, plan_devices,
-                           host)
-        scale = shared_clip_scale(norm, clip_global_norm, norm_device, plan_devices, host)
+        norm = global_norm(square_sums(grads_and_vars, sparse_squares, order, cluster.counted), norm_device,
+                           cluster.summed_norm)
+        scale = cluster.shared(lambda: clip_scale(norm, clip_global_norm), norm_device)
         if gradient_fn is None:
             return clip_pairs(apply_pairs, scale), norm
         grads_and_vars = clip_pairs(grads_and_vars, scale)
     if gradient_fn is None:
         return apply_pairs, norm
-    if host.per_host:
-        transformed = host_transform.gradient_fn_finals(lambda pairs: apply_gradient_fn(gradient_fn, pairs, order),
-                                                        grads_and_vars, order, norm_device, cluster)
-    else:
-        transformed = {id(v): g for g, v in apply_gradient_fn(gradient_fn, grads_and_vars, order)}
+    transformed = cluster.gradient_fn_finals(lambda pairs: apply_gradient_fn(gradient_fn, pairs, order),
+                                             grads_and_vars, order, norm_device)
     return _to_copies(transformed, grads_and_vars, apply_pairs, copies_of), norm
-
-
-def _counted_once(copies_of, variable_devices) -> Callable[[tf.Variable, str], bool]:
-    """Whether a per-host graph counts a variable's square where its gradient is: on the device where the one
-    graph has it (gradients.reduce_and_pair: the variable's own if it accumulates there, else the first that
-    does)."""
-    def counted(variable, device):
-        home = next((d for d, c in copies_of(variable).items() if c is variable), None)
-        devices = variable_devices[variable]
-        return device == (home if home in devices else devices[0])
-    return counted
 
 
 def _to_copies(transformed: Dict[int, object], grads_and_vars: Pairs, apply_pairs: Pairs, copies_of) -> Pairs:

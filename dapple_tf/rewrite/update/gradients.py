@@ -20,7 +20,6 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from dapple_tf.rewrite.hosts import host_part
 from dapple_tf.rewrite.update import collectives
 from dapple_tf.rewrite.update.replicas import StaleCopyCheck, VariableCopies
 from planner.formats.constants import ALLREDUCE_BUCKET_BYTES
@@ -151,9 +150,9 @@ def _exchange_key(devices, dtype: tf.DType, bucket: int) -> str:
     return f"dapple/exchange/{collectives.CollectiveKeys.group_key(devices)}/{dtype.name}/b{bucket}"
 
 
-def _uses_collective_ops(devices: Tuple[str, ...], cross_process_reduce, host) -> bool:
+def _uses_collective_ops(devices: Tuple[str, ...], cross_process_reduce, lowering) -> bool:
     """Whether all_reduce_sum reduces the device set with TF collective ops (not the graph's own transfers)."""
-    return len(devices) > 1 and not (cross_process_reduce is None and collectives.uses_exchange(devices, host.per_host))
+    return len(devices) > 1 and not (cross_process_reduce is None and lowering.exchanges(devices))
 
 
 def _first_waits(check: StaleCopyCheck, devices: List[str], whole: bool) -> Dict[str, tf.Operation]:
@@ -173,7 +172,8 @@ def _first_waits(check: StaleCopyCheck, devices: List[str], whole: bool) -> Dict
 
 def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, keys: collectives.CollectiveKeys,
                     cross_process_reduce=None, bucket_bytes: Optional[float] = None,
-                    start_after: Optional[StaleCopyCheck] = None, host=None, variable_devices=None, gathered=None):
+                    start_after: Optional[StaleCopyCheck] = None, lowering=collectives.IN_PROCESS, devices_of=None,
+                    gathered=None):
     """AllReduce per (device set, dtype) in buckets; returns (grads_and_vars, (grad, copy) pairs to apply).
 
     cross_process_reduce(buffer) -> buffer, if given, reduces each bucket's packed in-process sum
@@ -183,12 +183,13 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
     its comparing (`by_device`); where any reduction runs TF collective ops, every device's first waits for the whole
     check: a collective op that has started in a step that fails aborts the process's collectives for good (TF:
     "Restart your program to reset"), so a failed check must stop the step before any starts.
-    host, variable_devices, gathered: in a per-host graph, its host_part.HostPart, every device of the cluster that
-    accumulates each variable's gradient (StageBuilder.variable_devices) and the variables whose gradient is gathered
-    rows on all of them (from StageBuilder.gradient_kinds); sums and pairs are this task's."""
+    lowering: what this graph builds (`built(devices)`: sums and pairs are those of its devices), its choice of
+    exchange or collective per device set and the exchange's transport (hosts/lowering.py; IN_PROCESS: every device).
+    devices_of, gathered: every device of the cluster that accumulates each variable's gradient, in order (None: the
+    accumulator's, all in this graph), and the variables whose gradient is gathered rows on all of them (None: as
+    the accumulator has them): a per-host graph's from the plan (hosts/lowering.py)."""
     bucket_bytes = ALLREDUCE_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
-    host = host or host_part.InGraph()
-    devices_of = variable_devices if host.per_host else accumulator.devices_of()
+    devices_of = accumulator.devices_of() if devices_of is None else devices_of
     groups: Dict[Tuple[Tuple[str, ...], tf.DType], List[tf.Variable]] = {}
     for variable, devices in devices_of.items():
         groups.setdefault((devices, variable.dtype.base_dtype), []).append(variable)
@@ -197,33 +198,14 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
     reduced: Dict[Key, object] = {}
     exposed: Dict[tf.Variable, object] = {}
     last_collective: Dict[str, object] = {} if start_after is None else _first_waits(
-        start_after, sorted({d for devices in devices_of.values() for d in devices if host.is_local(d)}),
-        any(_uses_collective_ops(devices, cross_process_reduce, host) for devices, _ in groups))
+        start_after, sorted(lowering.built({d for devices in devices_of.values() for d in devices})),
+        any(_uses_collective_ops(devices, cross_process_reduce, lowering) for devices, _ in groups))
     # One fixed order of collectives on every device (NCCL needs it on overlapping groups).
     for devices, dtype in sorted(groups, key=lambda key: (key[0], key[1].name)):
-        summed: Dict[Key, tf.Tensor] = {}
-        # exchange_sum needs no launch order and packs small gradients itself: one bucket, each group of it
-        # reduced as soon as the last backward has made it
-        exchange = cross_process_reduce is None and collectives.uses_exchange(devices, host.per_host)
-        size = float("inf") if exchange else bucket_bytes
-        local = [d for d in devices if host.is_local(d)]
-        buckets = _buckets(groups[(devices, dtype)], accumulator, local[0], size, position)
-        for b, bucket in enumerate(buckets):
-            sparse = [v for v in bucket if (v in gathered if gathered is not None else accumulator.is_sparse(v, local))]
-            per_device = {
-                d: [accumulator.sums[(v, d)] for v in bucket] + [accumulator.row_counts[(v, d)] for v in sparse]
-                if d in local else None
-                for d in devices
-            }
-            sums = collectives.all_reduce_sum(per_device, keys, after=last_collective,
-                                              cross_process_reduce=cross_process_reduce, host=host,
-                                              key=_exchange_key(devices, dtype, b))
-            for d in local:
-                if len(devices) > 1 and not exchange:
-                    last_collective[d] = sums[d][0]
-                counts = dict(zip(sparse, sums[d][len(bucket):]))
-                for v, total in zip(bucket, sums[d][: len(bucket)]):
-                    summed[(v, d)] = (total, counts.get(v))
+        local = lowering.built(devices)
+        exchange = cross_process_reduce is None and lowering.exchanges(devices)
+        summed = _bucket_sums(groups[(devices, dtype)], devices, dtype, local, exchange, accumulator, keys,
+                              last_collective, cross_process_reduce, lowering, bucket_bytes, position, gathered)
         group = groups[(devices, dtype)]
         # The apply step waits for the device set's last bucket; fetching one device's sum must run
         # every participant's collectives.
@@ -243,8 +225,37 @@ def reduce_and_pair(accumulator: GradientAccumulator, copies: VariableCopies, ke
     grads_and_vars, apply_pairs = [], []
     for variable in devices_of:
         grads_and_vars.append((exposed[variable], variable))
-        for device, copy in copies.copies_of(variable).items():
-            if not host.is_local(device):  # its own task's graph applies it
-                continue
-            apply_pairs.append((reduced.get((variable, device), exposed[variable]), copy))
+        held = copies.copies_of(variable)
+        for device in lowering.built(list(held)):  # other tasks' graphs apply the others
+            apply_pairs.append((reduced.get((variable, device), exposed[variable]), held[device]))
     return grads_and_vars, apply_pairs
+
+
+def _bucket_sums(group, devices, dtype: tf.DType, local, exchange: bool, accumulator: GradientAccumulator, keys,
+                 last_collective, cross_process_reduce, lowering, bucket_bytes: float, position, gathered
+                 ) -> Dict[Key, tuple]:
+    """(variable, device) -> (its sum, its row counts or None) of a (device set, dtype) group, bucket by bucket, for
+    this graph's devices `local`; each device's last collective recorded in `last_collective`."""
+    summed: Dict[Key, tuple] = {}
+    # exchange_sum needs no launch order and packs small gradients itself: one bucket, each group of it
+    # reduced as soon as the last backward has made it
+    size = float("inf") if exchange else bucket_bytes
+    buckets = _buckets(group, accumulator, local[0], size, position)
+    for b, bucket in enumerate(buckets):
+        sparse = [v for v in bucket if (v in gathered if gathered is not None else accumulator.is_sparse(v, local))]
+        per_device = {
+            d: [accumulator.sums[(v, d)] for v in bucket] + [accumulator.row_counts[(v, d)] for v in sparse]
+            if d in local else None
+            for d in devices
+        }
+        sums = collectives.all_reduce_sum(per_device, keys, after=last_collective,
+                                          cross_process_reduce=cross_process_reduce, lowering=lowering,
+                                          key=_exchange_key(devices, dtype, b))
+        for d in local:
+            if len(devices) > 1 and not exchange:
+                last_collective[d] = sums[d][0]
+            counts = dict(zip(sparse, sums[d][len(bucket):]))
+            for v, total in zip(bucket, sums[d][: len(bucket)]):
+                summed[(v, d)] = (total, counts.get(v))
+    return summed
+

@@ -9,10 +9,11 @@ send the whole sum to the extra ones. That is 2 log2(p) rounds (2 more when n is
 device's bytes about twice its buffer, and O(log n) operations per device in a per-host graph, where a pairwise
 exchange has O(n) and a ring, which needs a loop, pays for the loop's control across tasks in every step.
 
-Both kinds of graph run the same steps: a per-host graph sends and receives through queues where the partner is
-another task's device; the one graph reads the partner's tensor. Every element is summed in the same tree in both,
-so they agree to the bit (each add reads a slice or a received tensor, never another add, so grappler merges no
-chain of adds into an AddN, whose order of additions follows the arrival of its inputs).
+Both kinds of graph run the same steps: the transport the lowering passes in (hosts/) moves each tensor, through
+queues where the partner is another task's device in a per-host graph; in the one graph it is the partner's
+tensor. Every element is summed in the same tree in both, so they agree to the bit (each add reads a slice or a
+received tensor, never another add, so grappler merges no chain of adds into an AddN, whose order of additions
+follows the arrival of its inputs).
 """
 
 from typing import Dict, Optional
@@ -22,16 +23,17 @@ import tensorflow as tf
 HALVING_DEVICES = 3  # two devices exchange halves either way: exchange_sum's pieces are the same rounds
 
 
-def halving_doubling_sum(buffers: Dict[str, Optional[tf.Tensor]], host, key: str) -> Dict[str, tf.Tensor]:
+def halving_doubling_sum(buffers: Dict[str, Optional[tf.Tensor]], transport, key: str) -> Dict[str, tf.Tensor]:
     """{device: the element-wise sum of every device's 1-D buffer} for this graph's devices (per host: those whose
-    buffer is not None; `key` names their queues)."""
+    buffer is not None; `transport` moves a tensor between devices (the lowering's `move`), `key` names what
+    crosses to other tasks' graphs)."""
     devices = sorted(buffers)
     n = len(devices)
     p = 1 << (n.bit_length() - 1)
     like = next(b for b in buffers.values() if b is not None)
     size = tf.compat.dimension_value(like.shape[0])
     width = -(-size // p)
-    move = _Mover(devices, host, key, like.dtype, width)
+    move = _Mover(devices, transport, key, like.dtype, width)
     rows = {}
     for i, d in enumerate(devices):
         if buffers[d] is not None:
@@ -86,21 +88,16 @@ def _added(rows: Dict[int, tf.Tensor], i: int, got: Optional[tf.Tensor], devices
 
 
 class _Mover:
-    """Device j's tensor where device i reads it: the tensor itself in one graph (or between one task's devices),
-    through a queue between tasks of per-host graphs (None where i is another task's)."""
+    """Device j's tensor where device i reads it, through `transport.move` (the lowering's: the tensor itself in one
+    graph and between one task's devices, queues between tasks of per-host graphs; None where i is not this
+    graph's). A transport of None: the tensor itself."""
 
-    def __init__(self, devices, host, key: str, dtype: tf.DType, width: int):
-        self._devices, self._host, self._key, self._dtype, self._width = devices, host, key, dtype, width
-        self._per_host = host is not None and host.per_host
+    def __init__(self, devices, transport, key: str, dtype: tf.DType, width: int):
+        self._devices, self._transport, self._key, self._dtype, self._width = devices, transport, key, dtype, width
 
     def __call__(self, tensor: Optional[tf.Tensor], j: int, i: int, tag: str, rows: int) -> Optional[tf.Tensor]:
-        source, target = self._devices[j], self._devices[i]
-        if not self._per_host or (self._host.is_local(source) and self._host.is_local(target)):
+        if self._transport is None:
             return tensor
-        name = f"{self._key}/{tag}/{source}"
-        if self._host.is_local(source):
-            self._host.send(name, tensor, target)
-            return None
-        if self._host.is_local(target):
-            return self._host.receive(name, self._dtype, tf.TensorShape([rows, self._width]), target)
-        return None
+        source, target = self._devices[j], self._devices[i]
+        return self._transport.move(tensor, source, target, f"{self._key}/{tag}/{source}", self._dtype,
+                                    tf.TensorShape([rows, self._width]))

@@ -12,7 +12,7 @@ import functools
 
 import tensorflow as tf
 
-from dapple_tf.errors import DappleError, PerHostError
+from dapple_tf.errors import DappleError
 from dapple_tf.model.model_training import ModelTraining
 from dapple_tf.rewrite.update import apply_step, gradient_replay
 from dapple_tf.rewrite.update.replicas import VariableCopies
@@ -43,16 +43,10 @@ def refuse_wrapper(optimizer, what: str) -> None:
             "optimizer=None: the pipeline then seeds every micro-batch's gradient with the loss scale")
 
 
-def check_dynamic_scale_per_host(host, optimizer, model_train: ModelTraining) -> None:
-    """Per-host graphs do not apply a dynamic loss scale: each task would check only the gradients it applies."""
-    if host.per_host and _conditional_inner(optimizer) is not None:
-        raise PerHostError(
-            f"per-host graphs (PipelineOptions.own_task) do not yet support a dynamic loss scale (the "
-            f"MixedPrecisionLossScaleOptimizer applying gradients at {model_train.script.where}; "
-            "enable_mixed_precision_graph_rewrite makes one by default): each task would skip or take the step by "
-            "the gradients it holds. Give it a fixed loss scale (MixedPrecisionLossScaleOptimizer(optimizer, 1024.0), "
-            "enable_mixed_precision_graph_rewrite(optimizer, loss_scale=1024.0), or compute_gradients(loss * 1024.0) "
-            "and each gradient / 1024.0), or build one graph for the cluster (own_task=None)")
+def scales_dynamically(optimizer) -> bool:
+    """Whether `optimizer` is a v1 MixedPrecisionLossScaleOptimizer with a dynamic loss scale, which applies its step
+    only when every gradient is finite (per-host graphs refuse it: hosts/lowering.py)."""
+    return _conditional_inner(optimizer) is not None
 
 
 def apply(optimizer, apply_pairs, global_step, copies: VariableCopies, after: tf.Operation, **how
