@@ -27,7 +27,7 @@ def test_cut_bytes_include_skip_edges():
 
 
 def test_slices_and_stage_times():
-    assert cm.slice_sizes(16, 15) == [2] + [1] * 14
+    assert cm.slice_sizes(16, 15) == (2,) + (1,) * 14
     p = cm.Prefix(tiny())
     assert cm.stage_forward_ms(p, 0, 2, 5, 2, overhead_ms=0.5) == pytest.approx(3 * 3 + 0.5)
     assert cm.stage_backward_ms(p, 1, 3, 4, 3, overhead_ms=0.0) == pytest.approx(2 * 10)

@@ -390,32 +390,6 @@ def test_a_peer_that_never_starts_is_named_within_the_timeout():
                                  f"({cluster.workers[1]}): unreachable (Connection refused)")
 
 
-@pytest.mark.parametrize("batch_major", [True, False])
-def test_each_side_of_a_boundary_lists_the_same_pairs(batch_major):
-    """host_boundaries' one-pass inverses (what a producer's task builds) list exactly the pairs the consumers'
-    tasks build, for replications 1-5 with uneven slices."""
-    from dapple_tf.rewrite.batch import microbatch  # pylint: disable=import-outside-toplevel
-    from dapple_tf.rewrite.hosts import host_boundaries  # pylint: disable=import-outside-toplevel
-
-    for rows in (7, 12, 13):
-        for producers in range(1, 6):
-            for consumers in range(1, 6):
-                p_sizes, c_sizes = microbatch.slice_sizes(rows, producers), microbatch.slice_sizes(rows, consumers)
-                starts = microbatch.offsets(c_sizes)
-                reads = {(i, j) for j in range(consumers)
-                         for i in host_boundaries.producers_read(batch_major, p_sizes, starts[j], c_sizes[j])}
-                assert reads == {(i, j) for i in range(producers)
-                                 for j in host_boundaries.consumers_reading(batch_major, p_sizes, c_sizes, i)}
-                pieces = {(i, j, first + starts[j] - (microbatch.offsets(p_sizes)[i] if batch_major else starts[j]),
-                           count)
-                          for j in range(consumers)
-                          for i, first, count in host_boundaries.gradient_pieces(batch_major, p_sizes, starts[j],
-                                                                                 c_sizes[j])}
-                assert pieces == {(i, j, first, count) for i in range(producers)
-                                  for j, first, count in host_boundaries.gradient_pieces_for(batch_major, p_sizes,
-                                                                                             c_sizes, i)}
-
-
 def test_every_task_sums_a_table_as_gathered_rows_whatever_else_reads_it_without_a_gradient():
     """Each task decides from the template whether another task's stage gives gathered rows (tied embeddings:
     not). A histogram of the table and a stop_gradient of its norm read it whole but pass no gradient back: the

@@ -168,3 +168,31 @@ def test_dapple_plan_explain_prints_the_program_and_each_tasks_part():
     assert "lowered for one graph for every task: devices task:0/CPU:0, task:0/CPU:1, task:1/CPU:0, task:1/CPU:1" in out
     for task in (T0, T1):
         assert f"lowered for task {task} (per-host graph)" in out
+
+
+@pytest.mark.parametrize("batch_major", [True, False])
+def test_each_side_of_a_boundary_lists_the_same_pairs(batch_major):
+    """The row pairing's one-pass inverses (what a producer's task builds) list exactly the pairs the consumers' tasks
+    build, for replications 1-5 with uneven slices."""
+    for rows in (7, 12, 13):
+        for producers in range(1, 6):
+            for consumers in range(1, 6):
+                p_sizes, c_sizes = program_lib.slice_sizes(rows, producers), program_lib.slice_sizes(rows, consumers)
+                starts = program_lib.offsets(c_sizes)
+                reads = {(i, j) for j in range(consumers)
+                         for i in program_lib.producers_read(batch_major, p_sizes, starts[j], c_sizes[j])}
+                assert reads == {(i, j) for i in range(producers)
+                                 for j in program_lib.consumers_reading(batch_major, p_sizes, c_sizes, i)}
+                pieces = {(i, j, first + starts[j] - (program_lib.offsets(p_sizes)[i] if batch_major else starts[j]),
+                           count)
+                          for j in range(consumers)
+                          for i, first, count in program_lib.gradient_pieces(batch_major, p_sizes, starts[j], c_sizes[j])}
+                assert pieces == {(i, j, first, count) for i in range(producers)
+                                  for j, first, count in program_lib.gradient_pieces_for(batch_major, p_sizes, c_sizes, i)}
+                if batch_major:  # the program's transfers are these pairs: every row of the micro-batch once
+                    built = program_lib.build_program(
+                        [[f"p{i}" for i in range(producers)], [f"c{j}" for j in range(consumers)]], rows,
+                        build_schedule(2, 1, "gpipe"))
+                    moved = {(t.source.index, t.target.index, t.first_row - t.source.first_row, t.rows)
+                             for t in built.transfers if t.kind == program_lib.ACTIVATION}
+                    assert moved == pieces and sum(n for *_, n in moved) == rows

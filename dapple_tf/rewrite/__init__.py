@@ -29,7 +29,7 @@ here only pipeline.py (build_pipeline) and options.py (PipelineOptions).
 The passes build for the devices the lowering lists: the pipeline program of the layout (planner.formats.program,
 plain data) lowered for this graph (hosts/lowering.py), every device's (one graph) or one task's (per-host graphs,
 PipelineOptions.own_task). Only the lowering and hosts/ ask whether a device is this task's: what crosses to other
-tasks' graphs goes in shared queues (hosts/host_part.py, hosts/host_boundaries.py, hosts/boundary_exchange.py); sums
+tasks' graphs goes in shared queues (hosts/host_part.py, hosts/queue_names.py, hosts/boundary_exchange.py); sums
 over the tasks in one order (hosts/task_sums.py); the gradients as a graph reduces and transforms them
 (hosts/lowered_gradients.py), a script's own gradient transform replayed on the loss's task
 (hosts/host_transform.py); sync batch norm's sums over CPU replicas through queues (hosts/host_sync_batch_norm.py);

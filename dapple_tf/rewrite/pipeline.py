@@ -188,12 +188,12 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
     updates = batch_norm_lib.prepare(template, created, layout, sync)
     model_summaries = summaries.Summaries(graph, template, created,
                                           model_train.script.replaced if model_train.script else set())
-    builder = StageBuilder(graph, template, layout, copies, trainable, sync_keys=keys if sync else None,
+    builder = StageBuilder(graph, template, layout, copies, trainable, lowering, sync_keys=keys if sync else None,
                            stage_functions=options.stage_functions, traced_functions=options.traced_functions,
                            sync_statistics=updates.synchronized,
                            input_gradients_first=options.input_gradients_first,
                            square_sparse=options.clip_global_norm is not None or bool(
-                               model_train.script and model_train.script.flow.substitutes), lowering=lowering,
+                               model_train.script and model_train.script.flow.substitutes),
                            loss_seed=loss_scaling.loss_seed(model_train))
     builder.build_forward()
     builder.build_backward()
@@ -340,7 +340,7 @@ def _reduce_and_apply(graph: tf.Graph, builder: StageBuilder, copies: VariableCo
     stale_copy_check = copies.stale_copy_check()
     stale_copy_check.hold_collectives(graph.get_operations()[first_part_op:])
     first_reduce_op = len(graph.get_operations())
-    cluster = lowering.gradients(builder, copies.copies_of)
+    cluster = lowering.cluster_gradients(builder, copies.copies_of)
     grads_and_vars, apply_pairs = gradients.reduce_and_pair(
         builder.accumulator, copies, keys, options.cross_process_reduce, options.allreduce_bucket_bytes,
         start_after=stale_copy_check, lowering=lowering, devices_of=cluster.devices_of, gathered=cluster.gathered)

@@ -69,6 +69,58 @@ def offsets(sizes: Sequence[int]) -> Tuple[int, ...]:
     return tuple(out)
 
 
+# Who reads whose rows at a stage boundary: the pairs of the program's transfers, and of the runtime's (dapple_tf's
+# stage builder reads and cuts by them, and each side of a per-host graph's queue is built from them alone). A
+# boundary tensor split by samples ("batch-major") moves rows between the replicas whose slices overlap; one that is
+# not is read whole from the producer's replica 0 by every consumer replica.
+
+def overlapping_blocks(sizes: Sequence[int], start: int, size: int) -> Tuple[Tuple[int, int, int], ...]:
+    """(block index, first row within [start, start + size), row count) of each block of `sizes` overlapping it."""
+    end, out = start + size, []
+    for i, (first, n) in enumerate(zip(offsets(sizes), sizes)):
+        lo, hi = max(start, first), min(end, first + n)
+        if lo < hi:
+            out.append((i, lo - start, hi - lo))
+    return tuple(out)
+
+
+def producers_read(batch_major: bool, producer_sizes: Sequence[int], start: int, size: int) -> Tuple[int, ...]:
+    """The producer replicas whose tensor a consumer replica of rows [start, start + size) reads."""
+    if not batch_major:
+        return (0,)
+    return tuple(i for i, _, _ in overlapping_blocks(producer_sizes, start, size))
+
+
+def gradient_pieces(batch_major: bool, producer_sizes: Sequence[int], start: int, size: int
+                    ) -> Tuple[Tuple[int, int, int], ...]:
+    """(producer replica, first row in the consumer's slice, rows) of each piece of the input gradient of a consumer
+    replica of rows [start, start + size)."""
+    if not batch_major:
+        return ((0, 0, size),)
+    return overlapping_blocks(producer_sizes, start, size)
+
+
+def consumers_reading(batch_major: bool, producer_sizes: Sequence[int], consumer_sizes: Sequence[int], i: int
+                      ) -> Tuple[int, ...]:
+    """The consumer replicas whose `producers_read` includes producer replica i (its inverse, in one pass)."""
+    return tuple(j for j, _, _ in gradient_pieces_for(batch_major, producer_sizes, consumer_sizes, i))
+
+
+def gradient_pieces_for(batch_major: bool, producer_sizes: Sequence[int], consumer_sizes: Sequence[int], i: int
+                        ) -> Tuple[Tuple[int, int, int], ...]:
+    """(consumer replica, first row in producer replica i's slice, rows) of each gradient piece producer replica i
+    gets (the pieces `gradient_pieces` cuts for it, in one pass)."""
+    if not batch_major:
+        return tuple((j, 0, size) for j, size in enumerate(consumer_sizes)) if i == 0 else ()
+    first = offsets(producer_sizes)[i]
+    end, out = first + producer_sizes[i], []
+    for j, (start, size) in enumerate(zip(offsets(consumer_sizes), consumer_sizes)):
+        lo, hi = max(start, first), min(start + size, end)
+        if lo < hi:
+            out.append((j, lo - first, hi - lo))
+    return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class Replica:
     """Replica `index` of stage `stage` on `device`, holding rows [first_row, first_row + rows) of each
@@ -178,13 +230,12 @@ def build_program(stage_devices: Sequence[Sequence[str]], global_batch_size: int
     transfers = []
     for mb in range(m):
         for s in range(num_stages - 1):
+            producer_sizes, consumer_sizes = [r.rows for r in stages[s]], [r.rows for r in stages[s + 1]]
             for source in stages[s]:
-                for target in stages[s + 1]:
-                    lo = max(source.first_row, target.first_row)
-                    hi = min(source.first_row + source.rows, target.first_row + target.rows)
-                    if lo < hi:
-                        transfers.append(Transfer(ACTIVATION, mb, source, target, lo, hi - lo))
-                        transfers.append(Transfer(GRADIENT, mb, target, source, lo, hi - lo))
+                for j, first, rows in gradient_pieces_for(True, producer_sizes, consumer_sizes, source.index):
+                    target, lo = stages[s + 1][j], source.first_row + first
+                    transfers.append(Transfer(ACTIVATION, mb, source, target, lo, rows))
+                    transfers.append(Transfer(GRADIENT, mb, target, source, lo, rows))
     reductions = tuple(Reduction(s, tuple(r.device for r in replicas)) for s, replicas in enumerate(stages)
                        if len(replicas) > 1)
     return PipelineProgram(

@@ -43,10 +43,11 @@ smallest micro-batch always best.
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from planner.planning.memory_model import stage_working_bytes
 from planner.formats.model_profile import ModelProfile
+from planner.formats.program import slice_sizes  # how a stage's replicas split a micro-batch, as the runtime does
 from planner.formats.constants import ALLREDUCE_BUCKET_BYTES  # gradients are all-reduced in such buckets
 
 PASS_OVERHEAD_MS = 0.2
@@ -129,12 +130,6 @@ class Prefix:
     def input_per_sample(self, first: int, end: int) -> float:
         """Bytes of model inputs layers [first, end) read directly, per sample."""
         return self.inputs[end] - self.inputs[first]
-
-
-def slice_sizes(samples: int, replicas: int) -> List[int]:
-    """How `samples` split over `replicas` devices: sizes differ by at most one, larger first."""
-    base, extra = divmod(samples, replicas)
-    return [base + 1 if i < extra else base for i in range(replicas)]
 
 
 def largest_slice(samples: int, replicas: int) -> int:

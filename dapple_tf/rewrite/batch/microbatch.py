@@ -4,21 +4,17 @@ The global batch of N samples is cut into M micro-batches of N / M samples; a st
 on r devices cuts each micro-batch into r contiguous slices whose sizes differ by at most one.
 `gather_rows` builds one destination slice from another stage's slices (1:N, N:1, N:M,
 uneven): the concatenation of the overlapping parts of the source slices, on the destination's
-device. Gradients travel back the same way, cut by `overlapping_blocks`. Rows are taken along the tensor's batch
-axis (`axis`: batch_axis.py), 0 but for time-major tensors.
+device. Gradients travel back the same way, cut by the program's `gradient_pieces`. Rows are taken along the tensor's batch
+axis (`axis`: batch_axis.py), 0 but for time-major tensors. The sizes, offsets and overlaps are the pipeline
+program's (planner/formats/program.py): the numbers `dapple_plan --explain` prints.
 """
 
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import tensorflow as tf
 
 from dapple_tf.errors import PlanError
-
-
-def slice_sizes(total: int, parts: int) -> Tuple[int, ...]:
-    """`parts` contiguous sizes summing to `total`, differing by at most one (larger first)."""
-    base, extra = divmod(total, parts)
-    return tuple(base + (1 if i < extra else 0) for i in range(parts))
+from planner.formats.program import offsets
 
 
 def micro_batch_size(global_batch_size: int, num_micro_batches: int, replications: Sequence[int]) -> int:
@@ -40,14 +36,6 @@ def micro_batch_size(global_batch_size: int, num_micro_batches: int, replication
     return size
 
 
-def _offsets(sizes: Sequence[int]) -> List[int]:
-    offsets, total = [], 0
-    for size in sizes:
-        offsets.append(total)
-        total += size
-    return offsets
-
-
 def rows(tensor: tf.Tensor, first: int, end: int, axis: int = 0) -> tf.Tensor:
     """Rows [first, end) of `tensor` along `axis`."""
     return tensor[(slice(None),) * axis + (slice(first, end),)]
@@ -62,7 +50,7 @@ def gather_rows(
     whole blocks pass through, partial blocks are sliced. Concatenate the pieces along `axis`.
     """
     end, pieces = start + size, []
-    for tensor, s_start, s_size in zip(tensors, _offsets(src_sizes), src_sizes):
+    for tensor, s_start, s_size in zip(tensors, offsets(src_sizes), src_sizes):
         lo, hi = max(start, s_start), min(end, s_start + s_size)
         if lo >= hi:
             continue
@@ -73,18 +61,3 @@ def gather_rows(
 
 def concat_rows(pieces: Sequence[tf.Tensor], axis: int = 0) -> tf.Tensor:
     return pieces[0] if len(pieces) == 1 else tf.concat(list(pieces), axis=axis)
-
-
-def overlapping_blocks(sizes: Sequence[int], start: int, size: int) -> List[Tuple[int, int, int]]:
-    """(block index, first row within the range, row count) of each block overlapping [start, start+size)."""
-    end, result = start + size, []
-    for i, (b_start, b_size) in enumerate(zip(_offsets(sizes), sizes)):
-        lo, hi = max(start, b_start), min(end, b_start + b_size)
-        if lo < hi:
-            result.append((i, lo - start, hi - lo))
-    return result
-
-
-def offsets(sizes: Sequence[int]) -> List[int]:
-    """Start row of each block."""
-    return _offsets(sizes)

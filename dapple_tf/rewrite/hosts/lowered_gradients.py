@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 import tensorflow as tf
 
-from dapple_tf.rewrite.hosts import host_boundaries, host_transform, task_sums
+from dapple_tf.rewrite.hosts import host_transform, queue_names, task_sums
 from dapple_tf.rewrite.update import gradient_replay
 
 
@@ -36,7 +36,7 @@ class GraphGradients:
 
     def summed_norm(self, by_device: Dict[str, tf.Tensor], device: str) -> Optional[tf.Tensor]:
         """The sums of squares `by_device` summed on `device` per task, then over the plan's tasks (task_sums.py)."""
-        return task_sums.summed_over_tasks(by_device, device, self.plan_devices, self.part, host_boundaries.norm_key)
+        return task_sums.summed_over_tasks(by_device, device, self.plan_devices, self.part, queue_names.norm_key)
 
     def shared(self, make: Callable[[], tf.Tensor], device: str) -> tf.Tensor:
         """The clipping scale `make()` builds on `device`, where this graph reads it."""
@@ -71,7 +71,7 @@ class TaskGradients(GraphGradients):
 
     def shared(self, make: Callable[[], tf.Tensor], device: str) -> tf.Tensor:
         """Built on the norm's task and sent to every other task, which receives it on its first device."""
-        return task_sums.shared_from(make, device, self.plan_devices, self.part, host_boundaries.scale_key)
+        return task_sums.shared_from(make, device, self.plan_devices, self.part, queue_names.scale_key)
 
     def _cluster(self) -> host_transform.ClusterGradients:
         return host_transform.ClusterGradients(self.part, self.plan_devices, self.counted, self._builder.copy_devices(),

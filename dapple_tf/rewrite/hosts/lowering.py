@@ -42,8 +42,12 @@ class OneGraph(host_part.InGraph):
     def __init__(self, lowered: program_lib.Lowered, plan_devices: Sequence[str]):
         """plan_devices: every stage's devices in stage order (the plan's tasks are summed over in task_sums.py)."""
         self.lowered = lowered
+        self.program = lowered.program
         self.devices = lowered.devices  # the devices this graph builds tasks on
         self.plan_devices = list(plan_devices)
+        built = set(self.built(self.program.devices))
+        # per stage, the replicas this graph builds (program.Replica: index, device, slice of each micro-batch)
+        self.stage_replicas = tuple(tuple(r for r in replicas if r.device in built) for replicas in self.program.stages)
 
     # -- what this graph builds ------------------------------------------------------------------------------
     def built(self, devices: Iterable[str]) -> List[str]:
@@ -107,7 +111,7 @@ class OneGraph(host_part.InGraph):
         """The global step this graph's apply advances (None: another task's graph counts the steps)."""
         return global_step
 
-    def gradients(self, builder, copies_of: Callable) -> lowered_gradients.GraphGradients:
+    def cluster_gradients(self, builder, copies_of: Callable) -> lowered_gradients.GraphGradients:
         """The cluster's gradients as this graph reduces and transforms them (lowered_gradients.py)."""
         del copies_of
         return lowered_gradients.GraphGradients(self, builder.accumulator, self.plan_devices)
@@ -218,7 +222,7 @@ class TaskGraph(host_part.HostPart, OneGraph):
             return None  # its own task's graph counts the steps
         return global_step
 
-    def gradients(self, builder, copies_of: Callable) -> lowered_gradients.TaskGradients:
+    def cluster_gradients(self, builder, copies_of: Callable) -> lowered_gradients.TaskGradients:
         return lowered_gradients.TaskGradients(self, builder, copies_of, self.plan_devices)
 
     def initializer(self, after_local_init: Callable[[], tf.Operation]) -> tf.Operation:

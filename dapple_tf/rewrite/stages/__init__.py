@@ -3,6 +3,7 @@ calls of functions defined once (stage_function.py), and their order: the contro
 and the weight gradients batched over micro-batches for dapple-batched-w (weight_batching.py).
 
 May import: graphs, batch, template, update, hosts.
-stage_builder.py builds the devices the lowering lists (hosts/lowering.py) and routes what crosses to other tasks'
-graphs through hosts/ (boundary_exchange.py, task_sums.py); no rewrite package imports this one but pipeline.py.
+stage_builder.py builds the replicas the lowering lists (hosts/lowering.py: the program's, with their slices) and
+leaves what crosses stage boundaries to hosts/boundary_exchange.py (rows gathered or received, gradient pieces kept
+or sent) and the loss's sum over tasks to hosts/task_sums.py; no rewrite package imports this one but pipeline.py.
 """

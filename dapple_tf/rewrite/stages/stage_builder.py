@@ -1,9 +1,10 @@
 """Builds every stage's forward and backward tasks per micro-batch and replica.
 
 Forward task (s, m, j): slices of the inputs and of earlier stages' outputs for micro-batch m,
-replica j (split/concat between stages of different replication), then the stage's operations
-imported under replica j's device. Backward task (s, m, j): the gradient pieces later stages sent
-for this clone's outputs are concatenated into grad_ys; `tf.gradients` of the clone gives the
+replica j (split/concat between stages of different replication: hosts/boundary_exchange.py), then the
+stage's operations imported under replica j's device. The replicas and their slices are the pipeline
+program's, as the lowering lists those this graph builds. Backward task (s, m, j): the gradient pieces
+later stages sent for this clone's outputs are concatenated into grad_ys; `tf.gradients` of the clone gives the
 gradients of its inputs (cut into pieces for the producing replicas) and of its variables (added
 to a running sum per variable and device, so no more than one accumulated copy is alive).
 The loss of replica j is weighted by its slice's share of the global batch, so summing over
@@ -20,21 +21,19 @@ the clones would be large (`stage_function.use_functions`).
 """
 
 import dataclasses
-import functools
 import random
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from dapple_tf.rewrite.batch import microbatch, sync_batch_norm
+from dapple_tf.rewrite.batch import sync_batch_norm
 from dapple_tf.rewrite.graphs import graph_defs as graph_defs_lib, v1_control_flow
-from dapple_tf.rewrite.hosts import boundary_exchange, host_boundaries, host_sync_batch_norm, task_sums
-from dapple_tf.rewrite.hosts import lowering as lowering_lib
+from dapple_tf.rewrite.hosts import boundary_exchange, host_sync_batch_norm, queue_names, task_sums
 from dapple_tf.rewrite.stages import stage_function, tasks
 from dapple_tf.rewrite.template import outputs as outputs_lib, recompute as recompute_lib
 from dapple_tf.rewrite.update import collectives, gradient_kinds
-from dapple_tf.errors import DappleError, PerHostError, PlanError
+from dapple_tf.errors import PerHostError, PlanError
 from dapple_tf.rewrite.update.gradients import GradientAccumulator
 from dapple_tf.rewrite.template.layout import PipelineLayout
 from dapple_tf.rewrite.stages import weight_batching
@@ -67,36 +66,6 @@ def _wanted(stage, extras: bool = True) -> List[str]:
     return wanted
 
 
-def _dimension(t: tf.Tensor, axis: int):
-    """The static size of `t`'s axis `axis`, None where unknown."""
-    return tf.compat.dimension_value(t.shape[axis]) if t.shape.rank else None
-
-
-def _axis_words(axis: int) -> str:
-    return "its first dimension" if axis == 0 else f"its dimension {axis} (its batch axis)"
-
-
-def _check_rows(name: str, stage: int, producers: List[tf.Tensor], sizes, rows_per_sample: int, axis: int) -> None:
-    """Each producer replica's clone of `name` must have rows_per_sample rows per sample of its slice along `axis`."""
-    for i, (t, samples) in enumerate(zip(producers, sizes)):
-        if t is not None and _dimension(t, axis) not in (None, samples * rows_per_sample):
-            raise DappleError(
-                f"{name} leaves stage {stage} and is split by samples, but {_axis_words(axis)} is not the batch: "
-                f"replica {i}'s slice of {samples} samples makes it {t.shape}; give it a leading batch dimension "
-                "before the stage boundary, or move the boundary"
-            )
-
-
-def _checked_rows(name: str, stage: int, t: tf.Tensor, samples: int, axis: int) -> tf.Tensor:
-    """`t`, once its batch axis is checked to have a row per sample of its slice (when the step runs)."""
-    check = tf.debugging.assert_equal(
-        tf.shape(t)[axis], samples, message=f"{name} leaves stage {stage} and is split by samples, but "
-        f"{_axis_words(axis)} is not the batch: give it a leading batch dimension before the stage boundary, or move "
-        "the boundary")
-    with tf.control_dependencies([check]):
-        return tf.identity(t)
-
-
 class StageBuilder:
     """Forward and backward tasks of every stage; see the module docstring."""
 
@@ -107,16 +76,19 @@ class StageBuilder:
         layout: PipelineLayout,
         copies: VariableCopies,
         trainable: set,
+        lowering,
         sync_keys: collectives.CollectiveKeys = None,
         stage_functions: bool = None,
         traced_functions: bool = False,
         sync_statistics: Sequence[Dict[str, object]] = None,
         input_gradients_first: bool = True,
         square_sparse: bool = False,
-        lowering=None,
         loss_seed=None,
     ):
-        """layout: the stages' slices, M, the schedule and which stages recompute;
+        """layout: M, the schedule and which stages recompute;
+        lowering: the program lowered for this graph (hosts/lowering.py: OneGraph, every device's tasks, or a
+        per-host graph's TaskGraph, one task's): the replicas it builds and their slices (its `program`), and what
+        crosses to other tasks;
         sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys;
         sync_statistics: per stage, the batch statistics to synchronize (batch_norm.prepare's `synchronized`;
         None: every training-mode fused norm).
@@ -125,9 +97,6 @@ class StageBuilder:
         traced_functions: their calls are PartitionedCall ops, whose bodies a traced step records (PipelineOptions).
         input_gradients_first: each backward task runs its input gradients first (PipelineOptions).
         square_sparse: the accumulator keeps the squares of gathered rows' gradients (global-norm clipping).
-        lowering: the program lowered for this graph (hosts/lowering.py: OneGraph, every device's tasks, or a
-        per-host graph's TaskGraph, one task's), which says which devices it builds and what crosses to other tasks;
-        None: the layout's, for one graph.
         loss_seed: (loss weight n_mj / N, the loss's dtype) -> the gradient each clone's loss is differentiated with
         (a script's loss scale: gradient_replay.loss_seed); None: the weight."""
         if not input_gradients_first and (layout.schedule.splits_backward or layout.schedule.kind == BATCHED_W):
@@ -141,18 +110,16 @@ class StageBuilder:
         self._graph_defs: List[graph_defs_lib.StageGraphDef] = []
         self.task_ops = tasks.TaskOps(graph)
         self.clones: Dict[Tuple[int, int, int], _Clone] = {}
-        self.lowering = lowering or lowering_lib.lowering(layout, None, ())
+        self.lowering = lowering
+        # per stage, the replicas this graph builds (planner.formats.program.Replica: device, slice of rows)
+        self._built = lowering.stage_replicas
         self._loss_seed = loss_seed or (lambda weight, dtype: tf.constant(weight, dtype=dtype))
         self._weighted_losses: Dict[Tuple[int, int], tf.Tensor] = {}  # (micro-batch, replica) -> loss term
         self.accumulator = GradientAccumulator(square_sparse)
-        # (stage, micro-batch, replica, output name) -> [(first row, consumer replica, piece)] per consumer stage
-        self._grad_pieces: Dict[Tuple[int, int, int, str], Dict[int, List[Tuple[int, int, tf.Tensor]]]] = {}
-        self._broadcast_outputs = set()  # (stage, output name) read whole by every consumer replica
-        self._rows_per_sample: Dict[Tuple[int, str], int] = {}  # (stage, output name) cut into row ranges -> k
-        self._rows_per_sample_unproven: Dict[Tuple[int, str], bool] = {}  # k = 1 taken, checked when the step runs
-        self._sizes = [layout.slice_sizes(s) for s in range(len(template.stages))]
+        self._sizes = [tuple(r.rows for r in replicas) for replicas in lowering.program.stages]
         # what this graph exchanges with other tasks' graphs (per-host graphs; in one graph nothing)
-        self.exchange = boundary_exchange.BoundaryExchange(template, self._sizes, self.lowering)
+        self.exchange = boundary_exchange.BoundaryExchange(template, self._sizes, self.lowering,
+                                                           self._differentiable_boundary)
         self._sync_keys = sync_keys
         self._sync_statistics = sync_statistics
         self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
@@ -179,12 +146,12 @@ class StageBuilder:
 
     def build_forward(self) -> None:
         # Variable copies first, so that no task captures their creation.
-        for stage in self.template.stages:
+        for stage, replicas in zip(self.template.stages, self._built):
             for ext in stage.externals:
                 variable = self.template.variable_of_handle.get(ext.tensor.name)
                 if ext.kind == VARIABLE and variable in self.trainable:
-                    for device in self.lowering.built(stage.stage.devices):
-                        self.copies.handle_for(variable, device)
+                    for replica in replicas:
+                        self.copies.handle_for(variable, replica.device)
         graph_defs = graph_defs_lib.stage_graph_defs(self.graph, [st.ops for st in self.template.stages])
         seeds = random.Random()  # for unseeded random ops of recomputed stages, like TF's own choice
         for s, again in enumerate(self.layout.recompute):
@@ -206,8 +173,8 @@ class StageBuilder:
                 sync_base = self._sync_base(s)
                 if self.layout.recompute[s]:  # allocated here, in the same order by every task's graph
                     self._recompute_sync_bases[(s, m)] = self._sync_base(s)
-                for j, device in self.lowering.replicas(stage.stage.devices):
-                    start = microbatch.offsets(sizes)[j]
+                for replica in self._built[s]:
+                    j, device, start = replica.index, replica.device, replica.first_row
                     clone_id = clones_before + j + 1
                     with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
                         feed = {}
@@ -255,7 +222,7 @@ class StageBuilder:
 
     def _define_functions(self, graph_defs: List[graph_defs_lib.StageGraphDef]) -> None:
         for s, stage in enumerate(self.template.stages):
-            if not self.lowering.built(stage.stage.devices):
+            if not self._built[s]:
                 continue
             reason = stage_function.unsupported_reason(graph_defs[s], self.layout.recompute[s],
                                                        self._keys_per_clone_group[s] > 0)
@@ -329,37 +296,8 @@ class StageBuilder:
         if ext.kind == SHAPE:  # read at this clone's slice size
             return tf.constant(self.template.shapes.value(ext.tensor, size), name="shape_value")
         p = ext.producer_stage
-        producers = self.exchange.producer_outputs(ext, m, consumer, start, size, device,
-                                                   lambda i: self.clones[(p, m, i)].outputs[ext.tensor.name])
-        same_samples = [i for i, (first, n) in enumerate(zip(microbatch.offsets(self._sizes[p]), self._sizes[p]))
-                        if (first, n) == (start, size)]
-        if not ext.batch_major:
-            received = producers[0]
-        elif same_samples:  # a producer replica had exactly this slice: its tensor whole, whatever its row layout
-            received = producers[same_samples[0]]
-        else:
-            k, axis = self._row_blocks(ext, p, producers), ext.batch_axis
-            if self._rows_per_sample_unproven.get((p, ext.tensor.name)):
-                producers = [t if t is None else _checked_rows(ext.tensor.name, p, t, n, axis)
-                             for t, n in zip(producers, self._sizes[p])]
-            received = microbatch.concat_rows(
-                microbatch.gather_rows(producers, [n * k for n in self._sizes[p]], start * k, size * k, axis), axis)
-        # A tensor of this task's own, so that the gradient w.r.t. it covers only this clone's paths
-        # (not a path through another boundary tensor the same producer computed from it).
-        return tf.identity(received)
-
-    def _row_blocks(self, ext, p: int, producers: List[tf.Tensor]) -> int:
-        """Rows per sample along the batch axis of a boundary tensor cut into row ranges: proven from its ops
-        (sample_rows.py, batch-leading tensors), else one, as its batch axis has as many rows as the slice has
-        samples (checked when the step runs where the clones' shapes do not tell)."""
-        key, axis = (p, ext.tensor.name), ext.batch_axis
-        if key not in self._rows_per_sample:
-            k = self.template.rows.rows_per_sample(ext.tensor) if axis == 0 else None
-            _check_rows(ext.tensor.name, p, producers, self._sizes[p], k or 1, axis)
-            self._rows_per_sample[key] = k or 1
-            self._rows_per_sample_unproven[key] = k is None and any(_dimension(t, axis) is None for t in producers
-                                                                           if t is not None)
-        return self._rows_per_sample[key]
+        return self.exchange.read(ext, m, consumer, start, size, device,
+                                  lambda i: self.clones[(p, m, i)].outputs[ext.tensor.name])
 
     def loss_mean(self, device: str) -> Optional[tf.Tensor]:
         """The mean loss over the global batch on `device`: each clone's loss weighted by its slice's share of the
@@ -375,7 +313,7 @@ class StageBuilder:
         for d, per_micro_batch in terms.items():
             with tf.device(d):
                 sums[d] = task_sums.ordered_sum(per_micro_batch)
-        return task_sums.summed_over_tasks(sums, device, devices, self.lowering, host_boundaries.loss_key,
+        return task_sums.summed_over_tasks(sums, device, devices, self.lowering, queue_names.loss_key,
                                            loss_stage.loss.dtype.base_dtype)
 
     def variable_devices(self) -> Dict[tf.Variable, Tuple[str, ...]]:
@@ -388,7 +326,7 @@ class StageBuilder:
             devices = stage.stage.devices
             for ext in self._trainable_externals(stage):
                 variable = self.template.variable_of_handle[ext.tensor.name]
-                here = self.lowering.built(devices)
+                here = [r.device for r in self._built[stage.stage.index]]
                 if here and not set(here) <= set(local.get(variable, ())):
                     continue
                 out[variable] = out.get(variable, ()) + tuple(d for d in devices if d not in out.get(variable, ()))
@@ -406,7 +344,7 @@ class StageBuilder:
             for ext in self._trainable_externals(stage):
                 variable = self.template.variable_of_handle[ext.tensor.name]
                 gathered = gradient_kinds.gathered_rows_only(ext.tensor, ops)
-                local = self.lowering.built(stage.stage.devices)
+                local = [r.device for r in self._built[stage.stage.index]]
                 here = [d for d in local if (variable, d) in self.accumulator.sums]
                 if here and self.accumulator.is_sparse(variable, here) != gathered:
                     got = "gathered rows" if not gathered else "a dense gradient"
@@ -468,7 +406,8 @@ class StageBuilder:
         for s in reversed(range(len(stages))):
             order = [t.micro_batch for t in self.layout.schedule.stage_tasks[s] if t.kind == BACKWARD]
             for m in order:
-                for j, device in self.lowering.replicas(stages[s].stage.devices):
+                for replica in self._built[s]:
+                    j, device = replica.index, replica.device
                     with self.task_ops.capture(Task(s, BACKWARD, m), j), tf.device(device):
                         self._backward_task(s, m, j, device)
 
@@ -495,7 +434,8 @@ class StageBuilder:
 
     def _backward_task(self, s: int, m: int, j: int, device: str) -> None:
         stage, clone = self.template.stages[s], self.clones[(s, m, j)]
-        output_grads = {name: self._gather_output_grad(s, m, j, name) for name in clone.outputs}
+        output_grads = {name: self.exchange.output_gradient(s, m, j, name, out, device)
+                        for name, out in clone.outputs.items()}
         boundary = self._differentiable_boundary(stage)
         if not any(g is not None for g in output_grads.values()) and clone.loss is None:
             self._check_nothing_expected(s, boundary)
@@ -516,7 +456,7 @@ class StageBuilder:
             grad = input_grads.get(ext.tensor.name)
             if grad is None:
                 grad = tf.zeros_like(clone.inputs[ext.tensor.name])
-            sent.extend(self._send_input_grad(ext, s, m, j, tf.convert_to_tensor(grad)))
+            sent.extend(self.exchange.cut_input_gradient(ext, s, m, j, tf.convert_to_tensor(grad)))
         for ext in trainable:
             grad = weight_grads.get(ext.tensor.name)
             if grad is not None:
@@ -574,60 +514,6 @@ class StageBuilder:
         producer replica on another task would wait for it (the lowering refuses it)."""
         self.lowering.check_sends_input_gradients(
             s, [d for e in boundary for d in self.template.stages[e.producer_stage].stage.devices])
-
-    def _send_input_grad(self, ext, s: int, m: int, j: int, grad: tf.Tensor) -> List[tf.Tensor]:
-        """Cuts the gradient of consumer replica j's input into pieces for the producer replicas; returns them (what
-        the task sends: part of its B, which zero-bubble schedules run before its W). A piece for a replica on
-        another task is sent there (the lowering's: hosts/boundary_exchange.py), once it is made: no task waits for
-        the sending (tasks.chain)."""
-        p = ext.producer_stage
-        if not ext.batch_major:
-            self._broadcast_outputs.add((p, ext.tensor.name))
-        sizes = self._sizes[s]
-        start = microbatch.offsets(sizes)[j]
-        producer_offsets = microbatch.offsets(self._sizes[p])
-        k = self._rows_per_sample.get((p, ext.tensor.name), 1)
-        pieces = []
-        for i, row, count in host_boundaries.gradient_pieces(ext.batch_major, self._sizes[p], start, sizes[j]):
-            piece = grad if count == sizes[j] else microbatch.rows(grad, row * k, (row + count) * k, ext.batch_axis)
-            first_row = start + row - producer_offsets[i] if ext.batch_major else 0
-            self.exchange.gradient_piece(ext.tensor.name, (p, i), (s, j), m, piece, functools.partial(
-                self._keep_piece, (p, m, i, ext.tensor.name), s, first_row, j))
-            pieces.append(piece)
-        return pieces
-
-    def _keep_piece(self, key: Tuple[int, int, int, str], s: int, first_row: int, j: int, piece: tf.Tensor) -> None:
-        """Keeps a gradient piece for producer clone `key` (stage, micro-batch, replica, output name) of this graph,
-        from consumer replica (s, j)."""
-        self._grad_pieces.setdefault(key, {}).setdefault(s, []).append((first_row, j, piece))
-
-    def _gather_output_grad(self, s: int, m: int, j: int, name: str):
-        per_consumer = dict(self._grad_pieces.get((s, m, j, name), {}))
-        device = self.template.stages[s].stage.devices[j]
-        output = self.clones[(s, m, j)].outputs[name]
-        received, read_whole = self.exchange.remote_gradient_pieces(s, m, j, output, name, device,
-                                                                    self._differentiable_boundary)
-        for c, pieces in received.items():
-            per_consumer[c] = per_consumer.get(c, []) + pieces
-        if read_whole:  # a consumer on another task read the whole tensor (its _send_input_grad did not run here)
-            self._broadcast_outputs.add((s, name))
-        if not per_consumer:
-            return None
-        sums = []
-        for consumer in sorted(per_consumer):
-            pieces = [g for _, _, g in sorted(per_consumer[consumer], key=lambda x: x[:2])]
-            if (s, name) in self._broadcast_outputs:  # every consumer replica's gradient of the whole tensor
-                sums.append(tf.add_n(pieces))
-            else:
-                sums.append(microbatch.concat_rows(pieces, self._output_batch_axis(s, name)))
-        total = sums[0] if len(sums) == 1 else tf.add_n(sums)
-        self.exchange.received_shape(total, output.shape)
-        return total
-
-    def _output_batch_axis(self, s: int, name: str) -> int:
-        """The batch axis of stage s's output `name` as its consumers split it by samples."""
-        return next((e.batch_axis for st in self.template.stages[s + 1:] for e in st.externals
-                     if e.kind == BOUNDARY and e.producer_stage == s and e.tensor.name == name and e.batch_major), 0)
 
     def _uses_functions(self) -> bool:
         """stage_function.use_functions, except that schedule dapple-batched-w stacks weight gradients of clones

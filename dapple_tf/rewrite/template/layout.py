@@ -29,10 +29,6 @@ class PipelineLayout:
     def replication(self) -> Tuple[int, ...]:
         return tuple(stage.replication for stage in self.stages)
 
-    def slice_sizes(self, stage: int) -> Tuple[int, ...]:
-        """Samples of each replica's slice of a micro-batch in `stage` (microbatch.slice_sizes)."""
-        return microbatch.slice_sizes(self.micro_batch_size, self.stages[stage].replication)
-
     @classmethod
     def of(cls, plan: Plan, template, schedule: Optional[str] = None, recompute=None) -> "PipelineLayout":
         """The layout of `plan` for the model cut into its stages (`template`: a template.Template);

@@ -5,7 +5,7 @@ gradient_replay.py: a script's own transform; loss_scaling.py), the copies of va
 them (replicas.py), and the optimizer's step on every copy (apply_step.py).
 
 May import: graphs, batch.
-collectives.py cuts pieces by batch/microbatch.py's slice sizes. Which devices a graph builds, the means of each
+collectives.py cuts pieces by the program's slice sizes (planner/formats/program.py). Which devices a graph builds, the means of each
 reduction, the exchange's transfers and the sums over tasks come from the lowering passed in (hosts/lowering.py,
 which imports this package): nothing here asks whether a device is this task's.
 """

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 from dapple_tf.rewrite.update import halving_exchange
-from dapple_tf.rewrite.batch.microbatch import slice_sizes
+from planner.formats.program import slice_sizes
 
 
 class CollectiveKeys:
