@@ -3,7 +3,11 @@ idioms, minimize, compute/apply_gradients with loss scaling, clipping and filter
 + apply_gradients, moving averages of the weights, gathered-rows gradients; every global variable (slots, moving
 averages, global step) equal to the script run on one device. The same under TF1 behavior: test_script_tf1.py."""
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ import dapple_tf
 from dapple_tf.model import training_calls
 from tests import script_models
 from tests.pipeline_harness import SESSION_CONFIG, cpu
+from tests.programs import ROOT
 from tests.script_harness import initial_values, largest_difference, train_one_device, train_pipelined
 
 v1 = tf.compat.v1
@@ -230,3 +235,31 @@ def test_batch_norm_at_several_micro_batches_equals_the_micro_batch_reference():
     weights = [name for name in got if not name.startswith("moving_")]  # updated once, or once per part
     assert largest_difference({k: reference[k] for k in weights}, {k: got[k] for k in weights}) < 1e-5
     assert largest_difference({k: plain[k] for k in weights}, {k: got[k] for k in weights}) > 1e-3
+
+
+_GRAPH_OF_A_SCRIPT = """
+import hashlib, json, sys
+import tensorflow as tf
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 3)
+tf.compat.v1.disable_eager_execution()
+from tests import per_host_probe
+per_host_probe._device = lambda task, index: f"/device:CPU:{task}"
+with tf.Graph().as_default() as graph:
+    per_host_probe._build(json.loads(sys.argv[1]))
+print(hashlib.sha256(graph.as_graph_def().SerializeToString(deterministic=True)).hexdigest())
+"""
+
+
+def test_a_scripts_graph_is_the_same_whatever_pythons_hash_seed():
+    """The script's gradient flow keeps its sources in the script's order: taken from a set of names, the casts of
+    gathered rows' indices and shapes were made in an order that changed with PYTHONHASHSEED (so did the GraphDef)."""
+    case = {"stages": [[0, 0, [[0, 0], [1, 0]]], [1, 2, [[2, 0]]]], "micro_batches": 2, "model": "script:sparse_clip"}
+    digests = set()
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONPATH=ROOT, PYTHONHASHSEED=seed, TF_CPP_MIN_LOG_LEVEL="2")
+        result = subprocess.run([sys.executable, "-c", _GRAPH_OF_A_SCRIPT, json.dumps(case)], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        digests.add(result.stdout.split()[-1])
+    assert len(digests) == 1

@@ -310,7 +310,8 @@ def of(calls: TrainingCalls, loss: tf.Tensor, variable_of_handle: Dict[str, tf.V
         if variable not in variables:
             raise DappleError(f"apply_gradients at {apply.where} gets a gradient for {variable.op.name} that is not "
                               f"computed from the gradients of the loss at {gradients.where}; " + _INSTEAD)
-    flow = GradientFlow(ops=ops, sources={n: sources[n] for n in walk.used}, substitutes=walk.substitutes,
+    used_sources = {n: s for n, s in sources.items() if n in walk.used}  # in the script's order (walk.used: a set)
+    flow = GradientFlow(ops=ops, sources=used_sources, substitutes=walk.substitutes,
                         externals=walk.externals, finals=finals, loss_factors=factors,
                         sparse_variables={s.variable for s in sources.values() if s.role == VALUES})
     replaced = set(gradients.ops) | set(apply.ops) | walk.ops
