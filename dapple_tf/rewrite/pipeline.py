@@ -188,7 +188,7 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
     updates = batch_norm_lib.prepare(template, created, layout, sync)
     model_summaries = summaries.Summaries(graph, template, created,
                                           model_train.script.replaced if model_train.script else set())
-    builder = StageBuilder(graph, template, layout, copies, trainable, lowering, sync_keys=keys if sync else None,
+    builder = StageBuilder(graph, template, copies, trainable, lowering, sync_keys=keys if sync else None,
                            stage_functions=options.stage_functions, traced_functions=options.traced_functions,
                            sync_statistics=updates.synchronized,
                            input_gradients_first=options.input_gradients_first,

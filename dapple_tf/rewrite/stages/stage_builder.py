@@ -35,7 +35,6 @@ from dapple_tf.rewrite.template import outputs as outputs_lib, recompute as reco
 from dapple_tf.rewrite.update import collectives, gradient_kinds
 from dapple_tf.errors import PerHostError, PlanError
 from dapple_tf.rewrite.update.gradients import GradientAccumulator
-from dapple_tf.rewrite.template.layout import PipelineLayout
 from dapple_tf.rewrite.stages import weight_batching
 from dapple_tf.rewrite.update.replicas import VariableCopies
 from dapple_tf.rewrite.template.template import BOUNDARY, EXTERNAL, INPUT, SHAPE, VARIABLE, Template
@@ -73,7 +72,6 @@ class StageBuilder:
         self,
         graph: tf.Graph,
         template: Template,
-        layout: PipelineLayout,
         copies: VariableCopies,
         trainable: set,
         lowering,
@@ -85,10 +83,9 @@ class StageBuilder:
         square_sparse: bool = False,
         loss_seed=None,
     ):
-        """layout: M, the schedule and which stages recompute;
-        lowering: the program lowered for this graph (hosts/lowering.py: OneGraph, every device's tasks, or a
-        per-host graph's TaskGraph, one task's): the replicas it builds and their slices (its `program`), and what
-        crosses to other tasks;
+        """lowering: the program lowered for this graph (hosts/lowering.py: OneGraph, every device's tasks, or a
+        per-host graph's TaskGraph, one task's): its `program` (M, the schedule, which stages recompute, every
+        stage's replicas and their slices), the replicas this graph builds, and what crosses to other tasks;
         sync_keys: given, replicated stages synchronize their batch norms (sync_batch_norm.py) with these keys;
         sync_statistics: per stage, the batch statistics to synchronize (batch_norm.prepare's `synchronized`;
         None: every training-mode fused norm).
@@ -99,12 +96,13 @@ class StageBuilder:
         square_sparse: the accumulator keeps the squares of gathered rows' gradients (global-norm clipping).
         loss_seed: (loss weight n_mj / N, the loss's dtype) -> the gradient each clone's loss is differentiated with
         (a script's loss scale: gradient_replay.loss_seed); None: the weight."""
-        if not input_gradients_first and (layout.schedule.splits_backward or layout.schedule.kind == BATCHED_W):
-            raise PlanError(f"schedule {layout.schedule.kind!r} splits every backward into input and weight "
+        program = lowering.program
+        if not input_gradients_first and (program.schedule.splits_backward or program.schedule.kind == BATCHED_W):
+            raise PlanError(f"schedule {program.schedule.kind!r} splits every backward into input and weight "
                             "gradients: input_gradients_first=False applies to schedules dapple, gpipe and interleaved")
         self.graph = graph
         self.template = template
-        self.layout = layout
+        self.program = program
         self.copies = copies
         self.trainable = trainable
         self._graph_defs: List[graph_defs_lib.StageGraphDef] = []
@@ -116,7 +114,7 @@ class StageBuilder:
         self._loss_seed = loss_seed or (lambda weight, dtype: tf.constant(weight, dtype=dtype))
         self._weighted_losses: Dict[Tuple[int, int], tf.Tensor] = {}  # (micro-batch, replica) -> loss term
         self.accumulator = GradientAccumulator(square_sparse)
-        self._sizes = [tuple(r.rows for r in replicas) for replicas in lowering.program.stages]
+        self._sizes = [tuple(r.rows for r in replicas) for replicas in program.stages]
         # what this graph exchanges with other tasks' graphs (per-host graphs; in one graph nothing)
         self.exchange = boundary_exchange.BoundaryExchange(template, self._sizes, self.lowering,
                                                            self._differentiable_boundary)
@@ -134,9 +132,9 @@ class StageBuilder:
 
     # -- forward ---------------------------------------------------------------------------
     def _micro_batch_inputs(self) -> List[Dict[str, tf.Tensor]]:
-        b = self.layout.micro_batch_size
+        b = self.program.micro_batch_size
         per_micro = []
-        for m in range(self.layout.num_micro_batches):
+        for m in range(self.program.num_micro_batches):
             slices = {}
             for name, t in self.template.inputs.items():
                 with tf.device(t.device or None), tf.name_scope(f"dapple/inputs/mb{m}"):
@@ -154,7 +152,7 @@ class StageBuilder:
                         self.copies.handle_for(variable, replica.device)
         graph_defs = graph_defs_lib.stage_graph_defs(self.graph, [st.ops for st in self.template.stages])
         seeds = random.Random()  # for unseeded random ops of recomputed stages, like TF's own choice
-        for s, again in enumerate(self.layout.recompute):
+        for s, again in enumerate(self.program.recompute):
             if again:
                 recompute_lib.check_repeatable(graph_defs[s], s)
                 graph_defs[s] = recompute_lib.with_fixed_seeds(graph_defs[s], seeds)
@@ -167,11 +165,11 @@ class StageBuilder:
         micro_inputs = self._micro_batch_inputs()
         n = self.template.global_batch_size
         clones_before = 0  # every clone of the plan counted, built here or not: its seeds do not depend on the host
-        for m in range(self.layout.num_micro_batches):
+        for m in range(self.program.num_micro_batches):
             for s, stage in enumerate(self.template.stages):
                 sizes = self._sizes[s]
                 sync_base = self._sync_base(s)
-                if self.layout.recompute[s]:  # allocated here, in the same order by every task's graph
+                if self.program.recompute[s]:  # allocated here, in the same order by every task's graph
                     self._recompute_sync_bases[(s, m)] = self._sync_base(s)
                 for replica in self._built[s]:
                     j, device, start = replica.index, replica.device, replica.first_row
@@ -215,7 +213,7 @@ class StageBuilder:
         function call returns all its outputs at once, at its end."""
         imported = set()
         for s, stage in enumerate(self.template.stages):
-            backward = [t.micro_batch for t in self.layout.schedule.stage_tasks[s] if t.kind == BACKWARD]
+            backward = [t.micro_batch for t in self.program.schedule.stage_tasks[s] if t.kind == BACKWARD]
             if s in self._functions and len(stage.stage.devices) > 1 and backward:
                 imported.add((s, backward[-1]))
         return imported
@@ -224,7 +222,7 @@ class StageBuilder:
         for s, stage in enumerate(self.template.stages):
             if not self._built[s]:
                 continue
-            reason = stage_function.unsupported_reason(graph_defs[s], self.layout.recompute[s],
+            reason = stage_function.unsupported_reason(graph_defs[s], self.program.recompute[s],
                                                        self._keys_per_clone_group[s] > 0)
             if reason is not None:
                 self.function_fallbacks[s] = reason
@@ -377,23 +375,23 @@ class StageBuilder:
         s = extra.stage
         sizes = self._sizes[s] if s >= 0 else ()
         devices = self.template.stages[s].stage.devices if s >= 0 else ()
-        loss_device = self.layout.stages[-1].devices[0]
+        loss_device = self.program.stages[-1][0].device
         per_clone = {}
-        for m, j in outputs_lib.clone_keys(extra, self.layout.num_micro_batches, len(sizes)):
+        for m, j in outputs_lib.clone_keys(extra, self.program.num_micro_batches, len(sizes)):
             per_clone[(m, j)] = self.exchange.extra_value(extra.tensor, s, m, j, self._extra_of(s, m, j, extra),
                                                           loss_device)
         devices = self.exchange.combining_devices(devices, loss_device)
-        return outputs_lib.combine(extra, per_clone, sizes, self.layout.num_micro_batches, devices,
+        return outputs_lib.combine(extra, per_clone, sizes, self.program.num_micro_batches, devices,
                                    self.template.inputs)
 
     def send_extras(self, extras) -> None:
         """In a per-host graph of a task that is not the loss's: sends this task's clones' values of `extras`
         (outputs.ExtraOutput) to the loss's device, where `combined` combines them, in the same order."""
-        loss_device = self.layout.stages[-1].devices[0]
+        loss_device = self.program.stages[-1][0].device
         for extra in extras:
             s = extra.stage
             sizes = self._sizes[s] if s >= 0 else ()
-            for m, j in outputs_lib.clone_keys(extra, self.layout.num_micro_batches, len(sizes)):
+            for m, j in outputs_lib.clone_keys(extra, self.program.num_micro_batches, len(sizes)):
                 self.exchange.send_extra(extra.tensor, s, m, j, self._extra_of(s, m, j, extra), loss_device)
 
     def _extra_of(self, s: int, m: int, j: int, extra) -> Callable[[], tf.Tensor]:
@@ -404,7 +402,7 @@ class StageBuilder:
     def build_backward(self) -> None:
         stages = self.template.stages
         for s in reversed(range(len(stages))):
-            order = [t.micro_batch for t in self.layout.schedule.stage_tasks[s] if t.kind == BACKWARD]
+            order = [t.micro_batch for t in self.program.schedule.stage_tasks[s] if t.kind == BACKWARD]
             for m in order:
                 for replica in self._built[s]:
                     j, device = replica.index, replica.device
@@ -483,7 +481,7 @@ class StageBuilder:
     def _clone_gradients(self, s, m, j, clone, output_grads, loss_weight, boundary, trainable):
         """`tf.gradients` of an imported clone (or of its recomputed twin): ({input name: gradient},
         {handle name: gradient}), or (None, None) when there is nothing to differentiate."""
-        if self.layout.recompute[s]:
+        if self.program.recompute[s]:
             clone = self._recomputed(s, m, j)
         ys, grad_ys = [], []
         for name, out in clone.outputs.items():
@@ -502,7 +500,7 @@ class StageBuilder:
         # earlier layers, and a gradient bucket can be all-reduced while they run (gradients.py). Not where the
         # weight gradients are stacked after the last backward (weight_batching.py): the gates would keep the
         # per-micro-batch products running.
-        gate = not boundary and self.layout.schedule.kind != BATCHED_W
+        gate = not boundary and self.program.schedule.kind != BATCHED_W
         grads = tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys, colocate_gradients_with_ops=True, gate_gradients=gate)
         names = [e.tensor.name for e in boundary] + [e.tensor.name for e in trainable]
         by_name = dict(zip(names, grads))
@@ -518,9 +516,9 @@ class StageBuilder:
     def _uses_functions(self) -> bool:
         """stage_function.use_functions, except that schedule dapple-batched-w stacks weight gradients of clones
         only: by default its stages are cloned; asked for functions, it warns that they are not stacked."""
-        if self.layout.schedule.kind != BATCHED_W:
+        if self.program.schedule.kind != BATCHED_W:
             functions = stage_function.use_functions(self._stage_functions, self.template.stages,
-                                                     self.layout.num_micro_batches)
+                                                     self.program.num_micro_batches)
             if functions and not self._input_gradients_first:
                 warnings.warn("input_gradients_first=False with stage functions: each backward is still a B call "
                               "(input gradients) then a W call", UserWarning, stacklevel=4)
@@ -533,7 +531,7 @@ class StageBuilder:
 
     # -- schedule --------------------------------------------------------------------------
     def chain(self) -> None:
-        schedule = self.layout.schedule
+        schedule = self.program.schedule
         self.task_ops.release_forward_inputs()
         if schedule.splits_backward and schedule.kind != BATCHED_W:  # B and W are tasks of their own (zero bubble)
             for key in [key for key in self.task_ops.ops if key[0].kind == BACKWARD]:
