@@ -80,17 +80,15 @@ PIECES, RING = program_lib.EXCHANGE_PIECES, program_lib.COLLECTIVE
 def test_the_runtimes_lowering_builds_the_devices_and_reductions_its_program_lowers_to(stages, means):
     """The object build_pipeline's builders get (dapple_tf/rewrite/hosts/lowering.py) is made from the lowered
     program: it builds the devices the lowering lists, and sums each reduction by the means the lowering names."""
-    from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
 
     from dapple_tf.rewrite.hosts import lowering as lowering_lib  # pylint: disable=import-outside-toplevel
 
-    layout = SimpleNamespace(stages=[SimpleNamespace(devices=d) for d in stages], num_micro_batches=2,
-                             micro_batch_size=4, schedule=build_schedule(2, 2, "dapple"), recompute=(False, False))
+    program = program_lib.build_program(stages, 8, build_schedule(2, 2, "dapple"))
     devices = [d for replicas in stages for d in replicas]
     found = []
     for own_task in (None, T0, T1):
-        part = lowering_lib.lowering(layout, own_task, devices)
-        assert part.lowered == program_lib.lower(program_lib.build_program(stages, 8, layout.schedule), own_task)
+        part = lowering_lib.lowering(program, own_task, devices)
+        assert part.lowered == program_lib.lower(program, own_task)
         assert part.built(part.lowered.program.devices) == list(part.devices)
         assert [d for _, d in part.replicas(stages[0])] == [d for d in stages[0] if d in part.devices]
         for reduction, how in part.lowered.reductions:

@@ -14,7 +14,7 @@ here only pipeline.py (build_pipeline) and options.py (PipelineOptions).
 2. forward (stages/stage_builder.py, graphs/graph_defs.py, stages/stage_function.py, graphs/variable_reads.py,
    template/recompute.py): each stage per micro-batch and replica, as imported clones or as calls of functions
    defined once;
-3. split/concat (batch/microbatch.py, update/replicas.py): slices of the batch and of activations between stages of
+3. split/concat (stages/boundaries.py, batch/microbatch.py, update/replicas.py): slices of the batch and of activations between stages of
    different replication, and a copy of each variable on every device that reads it;
 4. backward (stages/stage_builder.py, stages/tasks.py): per stage in reverse, gradients of each clone or function
    call, split into input gradients (B) and weight gradients (W);
@@ -29,10 +29,10 @@ here only pipeline.py (build_pipeline) and options.py (PipelineOptions).
 The passes build for the devices the lowering lists: the pipeline program of the layout (planner.formats.program,
 plain data) lowered for this graph (hosts/lowering.py), every device's (one graph) or one task's (per-host graphs,
 PipelineOptions.own_task). Only the lowering and hosts/ ask whether a device is this task's: what crosses to other
-tasks' graphs goes in shared queues (hosts/host_part.py, hosts/queue_names.py, hosts/boundary_exchange.py); sums
-over the tasks in one order (hosts/task_sums.py); the gradients as a graph reduces and transforms them
-(hosts/lowered_gradients.py), a script's own gradient transform replayed on the loss's task
-(hosts/host_transform.py); sync batch norm's sums over CPU replicas through queues (hosts/host_sync_batch_norm.py);
+tasks' graphs goes in shared queues (hosts/host_part.py, hosts/queue_names.py; the stage boundaries of
+stages/boundaries.py extended in hosts/boundary_exchange.py); sums over the tasks in one order (hosts/task_sums.py);
+the gradients as a graph reduces and transforms them (hosts/lowered_gradients.py), in a per-host graph with the
+transforms that see every gradient replayed on the loss's task (hosts/host_transform.py); sync batch norm's sums over CPU replicas through queues (hosts/host_sync_batch_norm.py);
 built in a scratch copy of the task's graph, of which the task's graph receives only what its part reads
 (hosts/host_graph.py).
 Analyses the passes consult: batch/normalization.py and batch/sync_batch_norm.py (batch statistics),

@@ -43,7 +43,7 @@ from dapple_tf.rewrite.update.replicas import VariableCopies, canonical_device
 from dapple_tf.model.scopes import ScopeLayers
 from dapple_tf.rewrite.stages.stage_builder import StageBuilder
 from planner.formats.schedule import Schedule, Task
-from planner.formats import plan_pb2
+from planner.formats import plan_pb2, program as program_lib
 
 NO_DEADLINE = -1  # RewriterConfig.meta_optimizer_timeout_ms: grappler finishes however long it takes
 
@@ -178,8 +178,12 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
     optimizer, options, global_step = _training(model_train, optimizer, options, global_step)
     layout = PipelineLayout.of(plan, template, options.schedule, options.recompute)
     random_ops.warn_per_slice(template.stages, layout)
-    # the program of the layout, lowered for this graph: every device's (one graph) or options.own_task's
-    lowering = lowering_lib.lowering(layout, options.own_task, plan.devices)
+    # the layout's program (plain data: each replica's rows, each device's tasks, the transfers, the reductions),
+    # lowered for this graph: every device's (one graph) or options.own_task's
+    program = program_lib.build_program([list(stage.devices) for stage in layout.stages],
+                                        layout.num_micro_batches * layout.micro_batch_size, layout.schedule,
+                                        recompute=layout.recompute)
+    lowering = lowering_lib.lowering(program, options.own_task, plan.devices)
     lowering.check_supported(options, optimizer, model_train)
     trainable = set(model_train.script.variables) if model_train.script else set(tf.compat.v1.trainable_variables())
     keys = collectives.CollectiveKeys(graph)
@@ -228,7 +232,6 @@ def _build(graph: tf.Graph, model_fn, arguments, optimizer, plan: Plan, options:
         function_call_ops=builder.function_call_ops(),
         global_norm=step.global_norm,
         ready_for_local_init_op=ready,
-        tasks=lowering.tasks_used(graph),
     ), first_part_op
 
 

@@ -21,17 +21,17 @@ replica's backward pass also sums across replicas: gradients are exact, as for o
 whole micro-batch. Instance keys come from one int32 input mapped per clone (`INSTANCE_BASE`): clones of
 the same micro-batch (the stage's replicas) share it, others get their own; batch-norm node k uses
 base + 4k and base + 4k + 1 forward, and those plus GRADIENT_KEY_SHIFT backward. In per-host graphs of CPU
-tasks each all-reduce is a marker instead (hint host_sync_batch_norm.QUEUES), summed through queues per clone.
+tasks each all-reduce is a marker instead (hint QUEUES), summed through queues per clone (hosts/host_sync_batch_norm.py).
 """
 
 import dataclasses
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.ops import collective_ops
 
 from dapple_tf.rewrite.graphs import graph_defs as graph_defs_lib
-from dapple_tf.rewrite.hosts import host_sync_batch_norm
 from dapple_tf.errors import DappleError
 from dapple_tf.rewrite.batch.normalization import TRAINING_NORMS, is_training_fused_norm as is_training_norm  # noqa: F401
 
@@ -39,6 +39,8 @@ INSTANCE_BASE = "dapple_sync_batch_norm/instance_base"  # no node: every clone m
 KEYS_PER_NORM = 4
 GRADIENT_KEY_SHIFT = 2
 _GRADIENT = "DappleCrossReplicaSum"
+QUEUES = "dapple_queues"  # the hint for markers instead of collectives (per-host graphs of CPU tasks)
+MARKER = "_dapple_replicas_sum"
 _CHANNEL_AXIS = {"NHWC": -1, "NDHWC": -1, "NCHW": 1, "NCDHW": 1}
 
 
@@ -129,12 +131,19 @@ def _reduction_graph(node, rank: int, axes: Tuple[int, ...], group_size: int, gr
 
 def _replicas_sum(graph: tf.Graph, value, group_size: int, group_key: int, base, offset: int, hint: str):
     """The sum of `value` over the replicas: a collective with instance key base + offset, or with hint QUEUES an
-    identity marked with `offset` that host_sync_batch_norm replaces in each imported clone."""
-    if hint == host_sync_batch_norm.QUEUES:
-        return host_sync_batch_norm.marker(value, offset)
+    identity marked with `offset` that hosts/host_sync_batch_norm.py replaces in each imported clone."""
+    if hint == QUEUES:
+        return marker(value, offset)
     with graph.gradient_override_map({"CollectiveReduceV2": _GRADIENT}):
         return collective_ops.all_reduce_v2(value, group_size, group_key, base + offset, merge_op="Add",
                                             final_op="Id", communication_hint=hint)
+
+
+def marker(value: tf.Tensor, offset: int) -> tf.Tensor:
+    """The stand-in for the sum of `value` over the replicas, `offset` naming it within the stage (hint QUEUES)."""
+    marked = tf.identity(value, name="replicas_sum")
+    marked.op._set_attr(MARKER, attr_value_pb2.AttrValue(i=offset))  # pylint: disable=protected-access
+    return marked
 
 
 def _splice(out: tf.compat.v1.GraphDef, node, replacement: tf.compat.v1.GraphDef, fed_names: Sequence[str],

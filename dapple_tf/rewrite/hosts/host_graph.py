@@ -39,17 +39,23 @@ class CrossGraphError(ValueError):
 def build_graph(graph: tf.Graph, build: Callable, arguments, fields: Sequence[str], options):
     """`build(graph, arguments)`'s handle (build returns (handle, first_part_op)): in `graph` itself for one graph
     (options.own_task None) or with options.whole_template; else built in a scratch copy of `graph`, of which `graph`
-    receives only what the task's part reads (`build_in_scratch`; the handle's `fields` as `graph`'s, its `tasks`
-    those the graph places operations on). A model_fn reading a tensor made outside it falls back to `graph`."""
-    if options.own_task is None or options.whole_template:
+    receives only what the task's part reads (`build_in_scratch`; the handle's `fields` as `graph`'s). A model_fn
+    reading a tensor made outside it falls back to `graph`. A task's handle names the tasks its graph places
+    operations on (`tasks_used`)."""
+    if options.own_task is None:
         return build(graph, arguments)[0]
-    try:
-        handle, values = build_in_scratch(graph, lambda scratch_arguments: build(tf.compat.v1.get_default_graph(),
-                                                                                 scratch_arguments), arguments, fields)
-    except CrossGraphError as e:
-        tf.compat.v1.logging.warning(f"this task's graph keeps every task's layers (PipelineOptions.whole_template): "
-                                     f"building in a scratch graph failed on a tensor made outside model_fn ({e})")
-        return build(graph, arguments)[0]
+    values = {}
+    if options.whole_template:
+        handle = build(graph, arguments)[0]
+    else:
+        try:
+            handle, values = build_in_scratch(graph, lambda scratch_arguments: build(
+                tf.compat.v1.get_default_graph(), scratch_arguments), arguments, fields)
+        except CrossGraphError as e:
+            tf.compat.v1.logging.warning(
+                f"this task's graph keeps every task's layers (PipelineOptions.whole_template): building in a scratch "
+                f"graph failed on a tensor made outside model_fn ({e})")
+            handle = build(graph, arguments)[0]
     return dataclasses.replace(handle, tasks=tasks_used(options.own_task, graph), **values)
 
 

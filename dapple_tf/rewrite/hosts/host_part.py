@@ -31,6 +31,17 @@ def task_of(device: str) -> str:
     return tf.DeviceSpec(job=spec.job, replica=spec.replica or 0, task=spec.task or 0).to_string()
 
 
+def checked_task(task: str, plan_devices) -> str:
+    """`task` (PipelineOptions.own_task) spelled as task_of spells it; refused unless it names a task of a cluster job
+    that runs some of `plan_devices`."""
+    if tf.DeviceSpec.from_string(task).job is None:
+        raise PlanError(f"own_task must name a task of a cluster job (\"/job:worker/replica:0/task:1\"), got {task!r}")
+    tasks = sorted({task_of(d) for d in plan_devices if tf.DeviceSpec.from_string(d).job is not None})
+    if task_of(task) not in tasks:
+        raise PlanError(f"own_task {task_of(task)} runs none of the plan's devices; the plan's tasks: {tasks}")
+    return task_of(task)
+
+
 class InGraph:
     """The whole cluster's graph in one process: every device is this graph's."""
 
@@ -59,12 +70,7 @@ class HostPart:
     per_host = True
 
     def __init__(self, task: str, plan_devices):
-        self.task = task_of(task)
-        if tf.DeviceSpec.from_string(task).job is None:
-            raise PlanError(f"own_task must name a task of a cluster job (\"/job:worker/replica:0/task:1\"), got {task!r}")
-        tasks = sorted({task_of(d) for d in plan_devices if tf.DeviceSpec.from_string(d).job is not None})
-        if self.task not in tasks:
-            raise PlanError(f"own_task {self.task} runs none of the plan's devices; the plan's tasks: {tasks}")
+        self.task = checked_task(task, plan_devices)
         self._sends: List[tf.Operation] = []
         self._takes: List[tf.Operation] = []
 

@@ -2,8 +2,8 @@
 
 In one graph, and per host on GPUs, a synchronized statistic is all-reduced by a TF collective
 (sync_batch_norm.py). Per-host sessions of CPU tasks did not run TF's collective ring reliably (docs/design.md,
-per-host graphs), so there the stage's GraphDef holds a marker instead of each collective: an Identity of the local
-sum, with the attribute MARKER naming the sum within the stage. Once a clone is imported, `replace_markers` sums
+per-host graphs), so there the stage's GraphDef holds a marker instead of each collective (sync_batch_norm.marker: an
+Identity of the local sum, with the attribute MARKER naming the sum within the stage). Once a clone is imported, `replace_markers` sums
 the replicas' values in each clone: every replica sends its local value to every other replica's device
 (host_part's queues, one per sum, clone and replica pair) and adds them all in replica order, so that every replica
 gets the same bits (which matched the one graph's collective to the bit in every case tried: tests/test_per_host.py).
@@ -17,19 +17,11 @@ from typing import Sequence
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from dapple_tf.rewrite.batch.sync_batch_norm import MARKER
 from dapple_tf.rewrite.hosts import host_part
 
-QUEUES = "dapple_queues"  # sync_batch_norm.rewrite's hint for markers instead of collectives
-MARKER = "_dapple_replicas_sum"
 EXCHANGE = "_dapple_replicas_exchange"
 _GRADIENT = "DappleHostReplicasSum"
-
-
-def marker(value: tf.Tensor, offset: int) -> tf.Tensor:
-    """The stand-in for the sum of `value` over the replicas, `offset` naming it within the stage."""
-    marked = tf.identity(value, name="replicas_sum")
-    marked.op._set_attr(MARKER, attr_value_pb2.AttrValue(i=offset))  # pylint: disable=protected-access
-    return marked
 
 
 def replace_markers(ops: Sequence[tf.Operation], key: str, replica: int, devices: Sequence[str]) -> int:

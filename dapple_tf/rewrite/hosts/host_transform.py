@@ -8,10 +8,11 @@ for T, its sums of squares of the gathered rows T reads (summed per task, then o
 them: task_sums.py). The loss's task runs the transform on them, the same operations on the same values (the same
 bits on CPUs), and sends each final gradient to every other task that applies a copy of its variable, once per task,
 to its first device holding one. So every gradient crosses to the loss's task and back in every step, where the one
-graph moves only a norm's scalars between devices.
+graph moves only a norm's scalars between devices. `TaskGradients` is what a per-host graph's reduction and transforms
+get (lowered_gradients.GraphGradients, as a per-host graph has it): each variable's devices and kind from the plan,
+and these transforms.
 """
 
-import dataclasses
 import functools
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -19,22 +20,43 @@ import tensorflow as tf
 
 from dapple_tf.errors import DappleError, PerHostError
 from dapple_tf.model import script_training as st
-from dapple_tf.rewrite.hosts import host_part, task_sums
+from dapple_tf.rewrite.hosts import host_part, lowered_gradients, queue_names, task_sums
 from dapple_tf.rewrite.update import gradient_replay
 
 Pairs = List[Tuple[object, tf.Variable]]
 Spec = List[Tuple[str, tf.DType, tf.TensorShape]]  # a gradient's components: (role, dtype, shape)
 
 
-@dataclasses.dataclass
-class ClusterGradients:
-    """What a per-host graph knows of the gradients of the whole cluster."""
+class TaskGradients(lowered_gradients.GraphGradients):
+    """A per-host graph's gradients (lowering.py's TaskGraph.cluster_gradients): each variable's devices and kind from
+    the plan, the same for every task (StageBuilder.variable_devices, gradient_kinds), and the transforms that see
+    every gradient on the loss's task (this module's `replay` and `gradient_fn_finals`)."""
 
-    host: object  # host_part.HostPart
-    plan_devices: Sequence[str]
-    counted: Callable[[tf.Variable, str], bool]  # whether this task sends the variable's gradient on that device
-    copy_devices: Dict[tf.Variable, Tuple[str, ...]]  # every device holding a copy of each variable
-    kinds: Dict[tf.Variable, bool]  # the variables with gradients: gathered rows or not (StageBuilder.gradient_kinds)
+    def __init__(self, part, builder, copies_of: Callable, plan_devices: Sequence[str]):
+        super().__init__(part, builder.accumulator, plan_devices)
+        self.devices_of = builder.variable_devices()
+        # the variables with gradients: gathered rows or not (StageBuilder.gradient_kinds)
+        self.kinds: Dict[tf.Variable, bool] = builder.gradient_kinds()
+        self.gathered = {v for v, rows in self.kinds.items() if rows}
+        self._builder = builder
+        # whether this task sends the variable's gradient on that device
+        self.counted: Callable[[tf.Variable, str], bool] = counted_once(copies_of, self.devices_of)
+
+    @property
+    def copy_devices(self) -> Dict[tf.Variable, Tuple[str, ...]]:
+        """Every device holding a copy of each variable."""
+        return self._builder.copy_devices()
+
+    def shared(self, make: Callable[[], tf.Tensor], device: str) -> tf.Tensor:
+        """Built on the norm's task and sent to every other task, which receives it on its first device."""
+        return task_sums.shared_from(make, device, self.plan_devices, self.part, queue_names.scale_key)
+
+    def replay(self, flow, grads_and_vars, sparse_squares, norm_device: str) -> Dict[int, object]:
+        """Replayed on the loss's task from every task's gradients, the finals sent back (`replay` below)."""
+        return replay(flow, grads_and_vars, sparse_squares, norm_device, self)
+
+    def gradient_fn_finals(self, call: Callable, grads_and_vars, order, norm_device: str) -> Dict[int, object]:
+        return gradient_fn_finals(call, grads_and_vars, order, norm_device, self)
 
 
 def _key(kind: str, name: str, task: str = "") -> str:
@@ -47,10 +69,10 @@ def _device(grad) -> str:
 
 
 def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, norm_device: str,
-           cluster: ClusterGradients) -> Dict[int, object]:
+           cluster: TaskGradients) -> Dict[int, object]:
     """id(user variable) -> its final gradient, for the variables the script applies and this task holds copies of
     (module docstring). grads_and_vars, sparse_squares: this task's."""
-    host = cluster.host
+    host = cluster.part
     graph = tf.compat.v1.get_default_graph()
     here = host.is_local(norm_device)
     grad_of = {id(v): g for g, v in grads_and_vars}
@@ -90,10 +112,10 @@ def replay(flow: st.GradientFlow, grads_and_vars: Pairs, sparse_squares, norm_de
 
 
 def gradient_fn_finals(call: Callable[[Pairs], Pairs], grads_and_vars: Pairs, order: Sequence[tf.Variable],
-                       norm_device: str, cluster: ClusterGradients) -> Dict[int, object]:
+                       norm_device: str, cluster: TaskGradients) -> Dict[int, object]:
     """id(user variable) -> what `call` (gradient_transforms.apply_gradient_fn) returned for it from every task's
     gradients, for the variables this task holds copies of (module docstring)."""
-    host = cluster.host
+    host = cluster.part
     here = host.is_local(norm_device)
     grad_of = {id(v): g for g, v in grads_and_vars}
     pairs = []
@@ -178,22 +200,22 @@ def _firsts(devices: Sequence[str]) -> Dict[str, str]:
     return out
 
 
-def _send_finals(finals: Pairs, cluster: ClusterGradients) -> Dict[int, object]:
+def _send_finals(finals: Pairs, cluster: TaskGradients) -> Dict[int, object]:
     out = {}
     for grad, variable in finals:
         out[id(variable)] = grad
         for task, first in _firsts(cluster.copy_devices.get(variable, ())).items():
-            if task == cluster.host.task:
+            if task == cluster.part.task:
                 continue
             for role, part in st.components(grad):
-                cluster.host.send(_key("final", f"{variable.op.name}/{role}", task), part, first)
+                cluster.part.send(_key("final", f"{variable.op.name}/{role}", task), part, first)
     return out
 
 
-def _receive_finals(specs: List[Tuple[tf.Variable, Spec]], cluster: ClusterGradients) -> Dict[int, object]:
+def _receive_finals(specs: List[Tuple[tf.Variable, Spec]], cluster: TaskGradients) -> Dict[int, object]:
     """The final gradients of this task's copies, of the components `specs` gives per variable."""
     out = {}
-    host = cluster.host
+    host = cluster.part
     for variable, spec in specs:
         first = _firsts(cluster.copy_devices.get(variable, ())).get(host.task)
         if first is not None:

@@ -6,15 +6,15 @@ rows (`devices_of`, `gathered`: None where the graph holds them all, as the accu
 variable's square is counted for clipping (`counted`), sums over the tasks (`summed_norm`), the clipping scale where
 this graph reads it (`shared`), and the transforms that see every gradient at once (`replay`: a script's own,
 `gradient_fn_finals`: PipelineOptions.gradient_fn). `GraphGradients` is the one graph's: everything here.
-`TaskGradients` is a per-host graph's: from the plan, with scalars and gradients crossing to and from the loss's
-task (task_sums.py, host_transform.py).
+A per-host graph's, host_transform.TaskGradients, extends it: from the plan, with scalars and gradients crossing
+to and from the loss's task.
 """
 
 from typing import Callable, Dict, Optional, Sequence
 
 import tensorflow as tf
 
-from dapple_tf.rewrite.hosts import host_transform, queue_names, task_sums
+from dapple_tf.rewrite.hosts import queue_names, task_sums
 from dapple_tf.rewrite.update import gradient_replay
 
 
@@ -55,31 +55,3 @@ class GraphGradients:
         """id(user variable) -> what `call` (gradient_transforms.apply_gradient_fn) returned for it."""
         del order, norm_device
         return {id(v): g for g, v in call(grads_and_vars)}
-
-
-class TaskGradients(GraphGradients):
-    """A per-host graph's gradients: each variable's devices and kind from the plan, the same for every task
-    (StageBuilder.variable_devices, gradient_kinds), and the transforms on the loss's task (host_transform.py)."""
-
-    def __init__(self, part, builder, copies_of: Callable, plan_devices: Sequence[str]):
-        super().__init__(part, builder.accumulator, plan_devices)
-        self.devices_of = builder.variable_devices()
-        self._kinds = builder.gradient_kinds()
-        self.gathered = {v for v, rows in self._kinds.items() if rows}
-        self._builder = builder
-        self.counted = host_transform.counted_once(copies_of, self.devices_of)
-
-    def shared(self, make: Callable[[], tf.Tensor], device: str) -> tf.Tensor:
-        """Built on the norm's task and sent to every other task, which receives it on its first device."""
-        return task_sums.shared_from(make, device, self.plan_devices, self.part, queue_names.scale_key)
-
-    def _cluster(self) -> host_transform.ClusterGradients:
-        return host_transform.ClusterGradients(self.part, self.plan_devices, self.counted, self._builder.copy_devices(),
-                                               self._kinds)
-
-    def replay(self, flow, grads_and_vars, sparse_squares, norm_device: str) -> Dict[int, object]:
-        """Replayed on the loss's task from every task's gradients, the finals sent back (host_transform.py)."""
-        return host_transform.replay(flow, grads_and_vars, sparse_squares, norm_device, self._cluster())
-
-    def gradient_fn_finals(self, call: Callable, grads_and_vars, order, norm_device: str) -> Dict[int, object]:
-        return host_transform.gradient_fn_finals(call, grads_and_vars, order, norm_device, self._cluster())

@@ -19,21 +19,24 @@ import tensorflow as tf
 
 from dapple_tf.errors import PerHostError
 from dapple_tf.rewrite.graphs import graph_walk
-from dapple_tf.rewrite.hosts import host_graph, host_part, host_sync_batch_norm, lowered_gradients
+from dapple_tf.rewrite.batch import sync_batch_norm
+from dapple_tf.rewrite.hosts import (boundary_exchange, host_part, host_sync_batch_norm, host_transform,
+                                     lowered_gradients, queue_names, task_sums)
+from dapple_tf.rewrite.stages import boundaries as stage_boundaries
 from dapple_tf.rewrite.update import collectives, loss_scaling
 from planner.formats import program as program_lib
 
 
-def lowering(layout, own_task: Optional[str], plan_devices: Sequence[str]) -> "OneGraph":
-    """The program of `layout` (a template.layout.PipelineLayout) lowered for one graph of every device (own_task
-    None) or for task `own_task`'s graph; `plan_devices`: the plan's devices (a task must run some of them)."""
-    stage_devices = [list(stage.devices) for stage in layout.stages]
-    program = program_lib.build_program(stage_devices, layout.num_micro_batches * layout.micro_batch_size,
-                                        layout.schedule, recompute=layout.recompute)
-    plan_order = [d for devices in stage_devices for d in devices]
-    if own_task is None:
-        return OneGraph(program_lib.lower(program), plan_order)
-    return TaskGraph(own_task, plan_devices, program, plan_order)
+def lowering(program: program_lib.PipelineProgram, own_task: Optional[str], plan_devices: Sequence[str]
+             ) -> "OneGraph":
+    """`program` (build_pipeline's: planner.formats.program) lowered for one graph of every device (own_task None) or
+    for task `own_task`'s graph; `plan_devices`: the plan's devices (a task must run some of them)."""
+    task = None if own_task is None else host_part.checked_task(own_task, plan_devices)
+    lowered = program_lib.lower(program, task)
+    plan_order = [r.device for replicas in program.stages for r in replicas]
+    if task is None:
+        return OneGraph(lowered, plan_order)
+    return TaskGraph(lowered, plan_devices, plan_order)
 
 
 class OneGraph(host_part.InGraph):
@@ -69,6 +72,11 @@ class OneGraph(host_part.InGraph):
         del variables
         return []
 
+    def boundaries(self, template, sizes: Sequence[Sequence[int]], differentiable: Callable
+                   ) -> stage_boundaries.Boundaries:
+        """The stage boundaries as this graph builds them (stages/boundaries.py): every replica's here."""
+        return stage_boundaries.Boundaries(template, sizes, differentiable)
+
     # -- choices ---------------------------------------------------------------------------------------------
     def exchanges(self, devices: Sequence[str]) -> bool:
         """Whether a device set sums gradients by the graph's own exchange (update/collectives.exchange_sum), not
@@ -88,6 +96,17 @@ class OneGraph(host_part.InGraph):
         """The keys of sync batch norm's collectives, given what they all-reduce (`described`): this graph's."""
         del described
         return keys
+
+    def sum_marked_statistics(self, ops: Sequence[tf.Operation], key: str, replica: int, devices: Sequence[str]
+                              ) -> None:
+        """Sums sync batch norm's statistics marked among a clone's `ops` over the replicas on `devices`: one graph
+        marks none (its statistics_hint is a collective's)."""
+        del ops, key, replica, devices
+
+    def loss_sum(self, by_device: dict, device: str, devices: Sequence[str], dtype: tf.DType) -> Optional[tf.Tensor]:
+        """The loss's sums `by_device` summed per task, then over the tasks in order, on `device` (task_sums.py; None
+        where `device` is another task's)."""
+        return task_sums.summed_over_tasks(by_device, device, devices, self, queue_names.loss_key, dtype)
 
     # -- checks ----------------------------------------------------------------------------------------------
     def check_supported(self, options, optimizer, model_train) -> None:
@@ -131,21 +150,15 @@ class OneGraph(host_part.InGraph):
         del ops
         return None
 
-    def tasks_used(self, graph: tf.Graph) -> tuple:
-        """This task, then every other task the graph places operations on (none for one graph)."""
-        del graph
-        return ()
-
 
 class TaskGraph(host_part.HostPart, OneGraph):
     """The program lowered for one task's graph (a per-host graph): its devices built, transfers to and from the
     other tasks' graphs through queues (host_part.HostPart)."""
 
-    def __init__(self, own_task: str, plan_devices: Sequence[str], program: program_lib.PipelineProgram,
-                 stage_devices: Sequence[str]):
-        host_part.HostPart.__init__(self, own_task, plan_devices)  # refuses a task that runs none of the plan
-        OneGraph.__init__(self, program_lib.lower(program, self.task), stage_devices)
-        differing = [d for d in program.devices if tf.DeviceSpec.from_string(d).job is not None
+    def __init__(self, lowered: program_lib.Lowered, plan_devices: Sequence[str], stage_devices: Sequence[str]):
+        host_part.HostPart.__init__(self, lowered.own_task, plan_devices)
+        OneGraph.__init__(self, lowered, stage_devices)
+        differing = [d for d in lowered.program.devices if tf.DeviceSpec.from_string(d).job is not None
                      and self.is_local(d) != (d in self.devices)]
         if differing:
             raise AssertionError(f"the lowering and the graph disagree on which of {differing} are {self.task}'s")
@@ -162,6 +175,11 @@ class TaskGraph(host_part.HostPart, OneGraph):
     def elsewhere_variables(self, variables: Sequence[tf.Variable]) -> List[tf.Variable]:
         return [v for v in variables if not self.is_local(v.device)]
 
+    def boundaries(self, template, sizes: Sequence[Sequence[int]], differentiable: Callable
+                   ) -> boundary_exchange.BoundaryExchange:
+        """What crosses to other tasks' replicas sent and received through queues (boundary_exchange.py)."""
+        return boundary_exchange.BoundaryExchange(template, sizes, self, differentiable)
+
     def exchanges(self, devices: Sequence[str]) -> bool:
         """Every CPU group: TF's collectives across per-host sessions were not reliable (docs/design.md)."""
         return len(devices) > 1 and collectives.communication_hint(devices) != "nccl"
@@ -175,7 +193,12 @@ class TaskGraph(host_part.HostPart, OneGraph):
     def statistics_hint(self, devices: Sequence[str]) -> str:
         """CPU replicas sum through queues (host_sync_batch_norm.py); GPUs keep NCCL."""
         hint = collectives.communication_hint(devices)
-        return hint if hint == "nccl" else host_sync_batch_norm.QUEUES
+        return hint if hint == "nccl" else sync_batch_norm.QUEUES
+
+    def sum_marked_statistics(self, ops: Sequence[tf.Operation], key: str, replica: int, devices: Sequence[str]
+                              ) -> None:
+        """Through queues (host_sync_batch_norm.py)."""
+        host_sync_batch_norm.replace_markers(ops, key, replica, devices)
 
     def sync_keys(self, keys: collectives.CollectiveKeys, described: list) -> collectives.CollectiveKeys:
         """A replica group's members in other tasks' graphs must use the same instance keys."""
@@ -222,8 +245,8 @@ class TaskGraph(host_part.HostPart, OneGraph):
             return None  # its own task's graph counts the steps
         return global_step
 
-    def cluster_gradients(self, builder, copies_of: Callable) -> lowered_gradients.TaskGradients:
-        return lowered_gradients.TaskGradients(self, builder, copies_of, self.plan_devices)
+    def cluster_gradients(self, builder, copies_of: Callable) -> host_transform.TaskGradients:
+        return host_transform.TaskGradients(self, builder, copies_of, self.plan_devices)
 
     def initializer(self, after_local_init: Callable[[], tf.Operation]) -> tf.Operation:
         """This task's global variables only (each is written once): copies of other tasks' variables wait for them
@@ -244,6 +267,3 @@ class TaskGraph(host_part.HostPart, OneGraph):
         uninitialized = tf.compat.v1.report_uninitialized_variables(remote, name="dapple_remote_uninitialized")
         uninitialized.mark_used()  # a handle's field, fetched by whoever starts the session (host_session.start)
         return uninitialized
-
-    def tasks_used(self, graph: tf.Graph) -> tuple:
-        return host_graph.tasks_used(self.task, graph)

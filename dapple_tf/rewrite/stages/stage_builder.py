@@ -1,7 +1,7 @@
 """Builds every stage's forward and backward tasks per micro-batch and replica.
 
 Forward task (s, m, j): slices of the inputs and of earlier stages' outputs for micro-batch m,
-replica j (split/concat between stages of different replication: hosts/boundary_exchange.py), then the
+replica j (split/concat between stages of different replication: boundaries.py, as the lowering gives it), then the
 stage's operations imported under replica j's device. The replicas and their slices are the pipeline
 program's, as the lowering lists those this graph builds. Backward task (s, m, j): the gradient pieces
 later stages sent for this clone's outputs are concatenated into grad_ys; `tf.gradients` of the clone gives the
@@ -29,7 +29,6 @@ import tensorflow as tf
 
 from dapple_tf.rewrite.batch import sync_batch_norm
 from dapple_tf.rewrite.graphs import graph_defs as graph_defs_lib, v1_control_flow
-from dapple_tf.rewrite.hosts import boundary_exchange, host_sync_batch_norm, queue_names, task_sums
 from dapple_tf.rewrite.stages import stage_function, tasks
 from dapple_tf.rewrite.template import outputs as outputs_lib, recompute as recompute_lib
 from dapple_tf.rewrite.update import collectives, gradient_kinds
@@ -115,9 +114,9 @@ class StageBuilder:
         self._weighted_losses: Dict[Tuple[int, int], tf.Tensor] = {}  # (micro-batch, replica) -> loss term
         self.accumulator = GradientAccumulator(square_sparse)
         self._sizes = [tuple(r.rows for r in replicas) for replicas in program.stages]
-        # what this graph exchanges with other tasks' graphs (per-host graphs; in one graph nothing)
-        self.exchange = boundary_exchange.BoundaryExchange(template, self._sizes, self.lowering,
-                                                           self._differentiable_boundary)
+        # the stage boundaries as this graph builds them (boundaries.py; a per-host graph's send and receive what
+        # crosses to other tasks' replicas)
+        self.boundaries = lowering.boundaries(template, self._sizes, self._differentiable_boundary)
         self._sync_keys = sync_keys
         self._sync_statistics = sync_statistics
         self._recompute_sync_bases: Dict[Tuple[int, int], int] = {}
@@ -204,7 +203,7 @@ class StageBuilder:
                             self._weighted_losses[(m, j)] = clone.loss * weight
                     self.clones[(s, m, j)] = clone
                     with self.task_ops.capture(Task(s, FORWARD, m), j), tf.device(device):
-                        self.exchange.send_outputs(s, m, j, clone.outputs)
+                        self.boundaries.send_outputs(s, m, j, clone.outputs)
                 clones_before += len(stage.stage.devices)
 
     def _imported_micro_batches(self) -> set:
@@ -248,7 +247,7 @@ class StageBuilder:
             if len(devices) > 1:
                 statistics = self._sync_statistics[s] if self._sync_statistics is not None else None
                 hint = self.lowering.statistics_hint(devices)
-                if hint == host_sync_batch_norm.QUEUES:
+                if hint == sync_batch_norm.QUEUES:
                     self._queued_statistics.add(s)
                 synced = sync_batch_norm.rewrite(graph_defs[s], s, devices, self._sync_keys.group_key(devices), hint,
                                                  statistics)
@@ -271,10 +270,10 @@ class StageBuilder:
 
     def _sum_queued_statistics(self, s: int, j: int, key: str, first_op: int) -> None:
         """Sums the synchronized statistics of the clone of replica j imported since operation `first_op` through
-        queues (host_sync_batch_norm.py), where stage s does so."""
+        queues (the lowering's), where stage s does so."""
         if s in self._queued_statistics:
-            host_sync_batch_norm.replace_markers(self.graph.get_operations()[first_op:], f"dapple/sync/{key}", j,
-                                                 self.template.stages[s].stage.devices)
+            self.lowering.sum_marked_statistics(self.graph.get_operations()[first_op:], f"dapple/sync/{key}", j,
+                                                self.template.stages[s].stage.devices)
 
     @staticmethod
     def _sync_feed(base) -> Dict[str, tf.Tensor]:
@@ -294,13 +293,13 @@ class StageBuilder:
         if ext.kind == SHAPE:  # read at this clone's slice size
             return tf.constant(self.template.shapes.value(ext.tensor, size), name="shape_value")
         p = ext.producer_stage
-        return self.exchange.read(ext, m, consumer, start, size, device,
+        return self.boundaries.read(ext, m, consumer, start, size, device,
                                   lambda i: self.clones[(p, m, i)].outputs[ext.tensor.name])
 
     def loss_mean(self, device: str) -> Optional[tf.Tensor]:
         """The mean loss over the global batch on `device`: each clone's loss weighted by its slice's share of the
         batch, summed over the micro-batches on its replica's device, then per task and over the tasks in order
-        (task_sums.py), so that the loss's task receives one term per task. None in a per-host graph where `device`
+        (the lowering's: hosts/task_sums.py), so that the loss's task receives one term per task. None in a per-host graph where `device`
         is another task's (this task's sum is sent there)."""
         loss_stage = next(st for st in self.template.stages if st.loss is not None)
         devices = loss_stage.stage.devices
@@ -310,9 +309,8 @@ class StageBuilder:
         sums = {}
         for d, per_micro_batch in terms.items():
             with tf.device(d):
-                sums[d] = task_sums.ordered_sum(per_micro_batch)
-        return task_sums.summed_over_tasks(sums, device, devices, self.lowering, queue_names.loss_key,
-                                           loss_stage.loss.dtype.base_dtype)
+                sums[d] = collectives.ordered_sum(per_micro_batch)
+        return self.lowering.loss_sum(sums, device, devices, loss_stage.loss.dtype.base_dtype)
 
     def variable_devices(self) -> Dict[tf.Variable, Tuple[str, ...]]:
         """Per trainable variable this graph holds a gradient of, every device of the cluster that accumulates
@@ -378,9 +376,9 @@ class StageBuilder:
         loss_device = self.program.stages[-1][0].device
         per_clone = {}
         for m, j in outputs_lib.clone_keys(extra, self.program.num_micro_batches, len(sizes)):
-            per_clone[(m, j)] = self.exchange.extra_value(extra.tensor, s, m, j, self._extra_of(s, m, j, extra),
+            per_clone[(m, j)] = self.boundaries.extra_value(extra.tensor, s, m, j, self._extra_of(s, m, j, extra),
                                                           loss_device)
-        devices = self.exchange.combining_devices(devices, loss_device)
+        devices = self.boundaries.combining_devices(devices, loss_device)
         return outputs_lib.combine(extra, per_clone, sizes, self.program.num_micro_batches, devices,
                                    self.template.inputs)
 
@@ -392,7 +390,7 @@ class StageBuilder:
             s = extra.stage
             sizes = self._sizes[s] if s >= 0 else ()
             for m, j in outputs_lib.clone_keys(extra, self.program.num_micro_batches, len(sizes)):
-                self.exchange.send_extra(extra.tensor, s, m, j, self._extra_of(s, m, j, extra), loss_device)
+                self.boundaries.send_extra(extra.tensor, s, m, j, self._extra_of(s, m, j, extra), loss_device)
 
     def _extra_of(self, s: int, m: int, j: int, extra) -> Callable[[], tf.Tensor]:
         """Clone (s, m, j)'s value of an outputs.ExtraOutput, when this graph built the clone."""
@@ -432,7 +430,7 @@ class StageBuilder:
 
     def _backward_task(self, s: int, m: int, j: int, device: str) -> None:
         stage, clone = self.template.stages[s], self.clones[(s, m, j)]
-        output_grads = {name: self.exchange.output_gradient(s, m, j, name, out, device)
+        output_grads = {name: self.boundaries.output_gradient(s, m, j, name, out, device)
                         for name, out in clone.outputs.items()}
         boundary = self._differentiable_boundary(stage)
         if not any(g is not None for g in output_grads.values()) and clone.loss is None:
@@ -454,7 +452,7 @@ class StageBuilder:
             grad = input_grads.get(ext.tensor.name)
             if grad is None:
                 grad = tf.zeros_like(clone.inputs[ext.tensor.name])
-            sent.extend(self.exchange.cut_input_gradient(ext, s, m, j, tf.convert_to_tensor(grad)))
+            sent.extend(self.boundaries.cut_input_gradient(ext, s, m, j, tf.convert_to_tensor(grad)))
         for ext in trainable:
             grad = weight_grads.get(ext.tensor.name)
             if grad is not None:
