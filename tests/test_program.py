@@ -79,9 +79,12 @@ PIECES, RING = program_lib.EXCHANGE_PIECES, program_lib.COLLECTIVE
     ([[f"{T0}/device:GPU:0", f"{T1}/device:GPU:0"], [f"{T1}/device:GPU:1"]], [RING, RING, RING])])  # NCCL
 def test_the_runtimes_lowering_builds_the_devices_and_reductions_its_program_lowers_to(stages, means):
     """The object build_pipeline's builders get (dapple_tf/rewrite/hosts/lowering.py) is made from the lowered
-    program: it builds the devices the lowering lists, and sums each reduction by the means the lowering names."""
+    program: it builds the devices the lowering lists, its stage boundaries, and sums each reduction by the means the
+    lowering names."""
 
-    from dapple_tf.rewrite.hosts import lowering as lowering_lib  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from dapple_tf.rewrite.hosts import boundary_exchange, lowering as lowering_lib
+    from dapple_tf.rewrite.stages import boundaries
 
     program = program_lib.build_program(stages, 8, build_schedule(2, 2, "dapple"))
     devices = [d for replicas in stages for d in replicas]
@@ -91,6 +94,9 @@ def test_the_runtimes_lowering_builds_the_devices_and_reductions_its_program_low
         assert part.lowered == program_lib.lower(program, own_task)
         assert part.built(part.lowered.program.devices) == list(part.devices)
         assert [d for _, d in part.replicas(stages[0])] == [d for d in stages[0] if d in part.devices]
+        # the stage boundaries it builds: one graph's tensors, or a per-host graph's, with queues to other tasks
+        kind = boundaries.Boundaries if own_task is None else boundary_exchange.BoundaryExchange
+        assert type(part.boundaries(None, [], None)) is kind
         for reduction, how in part.lowered.reductions:
             assert part.exchanges(reduction.devices) == (how != program_lib.COLLECTIVE), (own_task, how)
             found.append(how)
